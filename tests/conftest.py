@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cache
+
+import pytest
+
+import vedart as veda
+
+
+@cache
+def gpu_unavailable_reason() -> str | None:
+    """Why the real GPU tests cannot run here, or None when a CUDA GPU is usable."""
+    from vedart.gpu.devices import CudaProbe
+
+    probe = CudaProbe()
+    try:
+        return probe.discover().unavailable_reason
+    finally:
+        probe.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items or gpu_unavailable_reason() is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {gpu_unavailable_reason()}")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_runtime_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test starts and ends without a current runtime and without VEDART_* variables."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("VEDART_"):
+            monkeypatch.delenv(name)
+    veda.shutdown()
+    yield
+    veda.shutdown()

@@ -1,0 +1,41 @@
+"""Device facts for CPU-only tests, injected through the runtime's DeviceProbe seam."""
+
+from __future__ import annotations
+
+from vedart.gpu.devices import DeviceInfo, Discovery
+
+GIB = 10**9
+
+
+def make_device(ordinal: int, total: int = 80 * GIB) -> DeviceInfo:
+    return DeviceInfo(ordinal=ordinal, name=f"Fake GPU {ordinal}", compute_capability=(9, 0),
+                      total_memory=total, pci_bus_id=f"0000:{0x10 + ordinal:02X}:00.0")
+
+
+class FakeProbe:
+    """A probe reporting ``count`` devices (or none, with ``reason``) and settable free memory."""
+
+    def __init__(self, count: int = 1, *, reason: str | None = None,
+                 free: int = 70 * GIB, total: int = 80 * GIB, utilization: float = 12.5) -> None:
+        self.devices = tuple(make_device(i, total) for i in range(count))
+        self.reason = reason
+        self.free = {device.ordinal: free for device in self.devices}
+        self.total = total
+        self.utilization = utilization
+        self.memory_queries = 0
+        self.closed = False
+
+    def discover(self) -> Discovery:
+        if self.reason is not None:
+            return Discovery((), self.reason)
+        return Discovery(self.devices)
+
+    def free_and_total(self, ordinal: int) -> tuple[int, int]:
+        self.memory_queries += 1
+        return self.free[ordinal], self.total
+
+    def utilization_percent(self, ordinal: int) -> float:
+        return self.utilization
+
+    def close(self) -> None:
+        self.closed = True

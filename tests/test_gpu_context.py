@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import pytest
+from fakes import GIB, FakeProbe
+
+import vedart as veda
+from vedart.gpu.devices import CudaProbe, reason_for_cuda_status
+from vedart.gpu.nvml import parse_pci_bus_id
+
+
+def test_available_context_reports_devices_and_memory_in_mib() -> None:
+    probe = FakeProbe(count=2, free=30 * 2**20, total=100 * 2**20, utilization=40.0)
+    gpu = veda.init(device_probe=probe).gpu
+    assert gpu is not None and gpu and gpu.is_available() and gpu.unavailable_reason is None
+    assert gpu.backend == "cupy" and gpu.device_count == 2
+    assert [d.ordinal for d in gpu.devices] == [0, 1]
+    assert gpu.get_memory_stats() == {"used_mb": 70.0, "free_mb": 30.0, "total_mb": 100.0}
+    assert gpu.get_utilization(1) == 40.0
+
+
+def test_utilization_is_clamped_to_percent_range() -> None:
+    gpu = veda.init(device_probe=FakeProbe(utilization=130.0)).gpu
+    assert gpu is not None and gpu.get_utilization() == 100.0
+
+
+def test_configured_devices_restrict_the_context() -> None:
+    config = veda.Config.builder().devices([1]).build()
+    gpu = veda.init(config, device_probe=FakeProbe(count=2)).gpu
+    assert gpu is not None and [d.ordinal for d in gpu.devices] == [1]
+    with pytest.raises(veda.DeviceError, match=r"device: got 0; allowed: .*\[1\]"):
+        gpu.get_memory_stats(0)
+
+
+def test_configured_device_that_is_absent_raises_config_error_and_releases_the_probe() -> None:
+    probe = FakeProbe(count=1)
+    with pytest.raises(veda.ConfigError, match=r"devices: got \[0, 3\].*not present: \[3\]"):
+        veda.init(veda.Config.builder().devices([0, 3]).build(), device_probe=probe)
+    assert probe.closed
+
+
+def test_unavailable_context_is_falsy_and_queries_raise_with_the_reason() -> None:
+    gpu = veda.init(device_probe=FakeProbe(reason="no CUDA devices")).gpu
+    assert gpu is not None and not gpu and gpu.device_count == 0
+    assert gpu.unavailable_reason == "no CUDA devices"
+    with pytest.raises(veda.GPUUnavailableError, match="no GPU: no CUDA devices"):
+        gpu.get_memory_stats()
+
+
+def test_seed_monitoring_snippet_takes_the_no_gpu_branch_without_a_gpu() -> None:
+    runtime = veda.init(device_probe=FakeProbe(reason="cupy is not installed"))
+    branch = "stats" if runtime.gpu else "GPU not available"
+    assert branch == "GPU not available"
+
+
+def test_real_probe_without_a_driver_reports_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI installs CuPy but has no NVIDIA driver: the real discovery path must say so."""
+    pytest.importorskip("cupy")
+    probe = CudaProbe()
+    reason = probe.discover().unavailable_reason
+    probe.close()
+    if reason is None:
+        pytest.skip("a CUDA GPU is present")
+    assert reason == "CUDA driver not found"
+    runtime = veda.init()
+    assert runtime.gpu is not None and runtime.gpu.unavailable_reason == "CUDA driver not found"
+
+
+@pytest.mark.parametrize(
+    ("status", "environ", "driver", "reason"),
+    [
+        (35, {}, False, "CUDA driver not found"),
+        (35, {}, True, "CUDA driver is too old for the installed CuPy (cudaErrorInsufficientDriver)"),
+        (100, {}, True, "no CUDA devices"),
+        (100, {"CUDA_VISIBLE_DEVICES": ""}, True, "disabled by CUDA_VISIBLE_DEVICES=''"),
+        (100, {"CUDA_VISIBLE_DEVICES": "-1"}, True, "disabled by CUDA_VISIBLE_DEVICES='-1'"),
+        (3, {}, True, "CUDA failed to initialise: boom"),
+    ],
+)
+def test_reason_for_cuda_status(status: int, environ: dict[str, str], driver: bool,
+                                reason: str) -> None:
+    assert reason_for_cuda_status(status, "boom", environ, driver) == reason
+
+
+def test_cupy_missing_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_cupy(name: str, *args: object, **kwargs: object) -> object:
+        if name == "cupy":
+            raise ImportError("No module named 'cupy'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_cupy)
+    assert CudaProbe().discover().unavailable_reason == "cupy is not installed"
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [("0000:3B:00.0", (0, 0x3B, 0, 0)), ("00000000:3b:00.0", (0, 0x3B, 0, 0)),
+     (b"00000001:C1:1F.1", (1, 0xC1, 0x1F, 1))],
+)
+def test_pci_bus_ids_from_cuda_and_nvml_compare_equal(text: str | bytes,
+                                                      address: tuple[int, ...]) -> None:
+    assert parse_pci_bus_id(text) == address
+
+
+def test_bad_pci_bus_id() -> None:
+    with pytest.raises(ValueError, match="not a PCI bus id"):
+        parse_pci_bus_id("3B:00")
+
+
+def test_free_memory_comes_from_the_probe() -> None:
+    probe = FakeProbe(free=5 * GIB)
+    gpu = veda.init(device_probe=probe).gpu
+    assert gpu is not None and gpu.free_memory(0) == 5 * GIB and probe.memory_queries == 1

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Every GPU-side check in one call, for the lent GPU machine:
+#   installs carried wheels (.whl/, see ../shared/device/README.md) if present,
+#   records nvidia-smi and `vedart info`, runs `pytest -m gpu -v`, then the quick benchmarks.
+# Logs and JSON go under $OUT (default ./gpu-check-out). Extra arguments go to pytest.
+# Exit status: non-zero if any step failed (every step still runs).
+set -u
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+failed=0
+step() {  # step NAME COMMAND...: run, tee the log to $OUT/NAME.log, remember failure
+  local name=$1; shift
+  echo "=== $name: $*"
+  "$@" > >(tee "$OUT/$name.log") 2>&1 || { echo "=== $name FAILED"; failed=1; }
+}
+step nvidia-smi nvidia-smi
+step info python3 -m vedart info
+python3 -m vedart info --json > "$OUT/info.json" 2>/dev/null
+step pytest-gpu python3 -m pytest -m gpu -v -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" "$@"
+for bench in $(python3 -c "from vedart.cli import QUICK_BENCHMARKS as b; print(*b)" 2>/dev/null); do
+  step "bench-$bench" python3 -m vedart bench "$bench" --quick --json "$OUT/bench-$bench.json"
+done
+exit $failed

@@ -1,0 +1,5 @@
+import sys
+
+from vedart.cli import main
+
+sys.exit(main())

@@ -1,0 +1,137 @@
+"""``python -m vedart`` / ``vedart``: the command line. Subcommands: ``info``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
+
+from vedart._version import __version__
+from vedart.config import FIELD_SPECS
+from vedart.errors import GPUUnavailableError, VedaError
+from vedart.runtime import Runtime, get_runtime
+
+# Distribution names to try for each component; the first one installed is reported.
+COMPONENT_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "numpy": ("numpy",),
+    "cupy": ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"),
+    "numba": ("numba",),
+    "numba-cuda": ("numba-cuda",),
+    "pynvml": ("nvidia-ml-py", "pynvml"),
+}
+
+
+def component_versions() -> dict[str, str | None]:
+    """Installed versions of vedart's dependencies, read from package metadata (nothing is
+    imported, so no CUDA state is created)."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for component, distributions in COMPONENT_DISTRIBUTIONS.items():
+        versions[component] = None
+        for distribution in distributions:
+            try:
+                versions[component] = metadata.version(distribution)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
+def _device_rows(runtime: Runtime) -> list[dict[str, Any]]:
+    assert runtime.gpu is not None
+    rows = []
+    for device in runtime.gpu.devices:
+        stats = runtime.gpu.get_memory_stats(device.ordinal)
+        try:
+            utilization: float | None = runtime.gpu.get_utilization(device.ordinal)
+        except GPUUnavailableError:
+            utilization = None
+        rows.append({
+            "ordinal": device.ordinal,
+            "name": device.name,
+            "compute_capability": "{}.{}".format(*device.compute_capability),
+            "pci_bus_id": device.pci_bus_id,
+            "total_mb": round(stats["total_mb"], 1),
+            "free_mb": round(stats["free_mb"], 1),
+            "used_mb": round(stats["used_mb"], 1),
+            "utilization_percent": utilization,
+        })
+    return rows
+
+
+def collect_info(runtime: Runtime) -> dict[str, Any]:
+    """Everything ``vedart info`` shows, as JSON-friendly data."""
+    config = runtime.config
+    values = config.as_dict()
+    gpu = runtime.gpu
+    if gpu is None:
+        gpu_info: dict[str, Any] = {"available": False, "reason": "GPU disabled by config",
+                                    "devices": []}
+    else:
+        gpu_info = {
+            "available": gpu.is_available(),
+            "reason": gpu.unavailable_reason,
+            "backend": gpu.backend,
+            "devices": _device_rows(runtime) if gpu.is_available() else [],
+        }
+    return {
+        "vedart": __version__,
+        "versions": component_versions(),
+        "config": {name: {"value": values[name], "source": config.sources[name]}
+                   for name in FIELD_SPECS},
+        "gpu": gpu_info,
+    }
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """The human-readable form of :func:`collect_info`'s data."""
+    lines = [f"vedart {info['vedart']}", "", "versions:"]
+    lines += [f"  {name:<11} {version or 'not installed'}"
+              for name, version in info["versions"].items()]
+    lines += ["", "config (value, source):"]
+    lines += [f"  {name:<20} {entry['value']!r:<14} {entry['source']}"
+              for name, entry in info["config"].items()]
+    gpu = info["gpu"]
+    lines.append("")
+    if not gpu["available"]:
+        lines.append(f"GPU: not available: {gpu['reason']}")
+        return "\n".join(lines)
+    lines.append(f"GPU: available ({gpu['backend']}), {len(gpu['devices'])} device(s)")
+    lines.append(f"  {'#':>2}  {'name':<28} {'CC':<5} {'total MiB':>10} {'free MiB':>10} "
+                 f"{'util %':>6}  PCI bus id")
+    for row in gpu["devices"]:
+        utilization = "n/a" if row["utilization_percent"] is None else \
+            f"{row['utilization_percent']:.0f}"
+        lines.append(f"  {row['ordinal']:>2}  {row['name']:<28} {row['compute_capability']:<5} "
+                     f"{row['total_mb']:>10.0f} {row['free_mb']:>10.0f} {utilization:>6}  "
+                     f"{row['pci_bus_id']}")
+    return "\n".join(lines)
+
+
+def _info(arguments: argparse.Namespace) -> int:
+    info = collect_info(get_runtime())
+    print(json.dumps(info, indent=2) if arguments.json else format_info(info))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vedart", description="vedart command line")
+    parser.add_argument("--version", action="version", version=f"vedart {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    info = commands.add_parser("info", help="versions, configuration and GPU devices")
+    info.add_argument("--json", action="store_true", help="print the same as JSON")
+    info.set_defaults(handler=_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for usage errors, 1 for vedart errors)."""
+    arguments = build_parser().parse_args(argv)
+    try:
+        return int(arguments.handler(arguments))
+    except VedaError as error:
+        print(f"vedart: error: {error}", file=sys.stderr)
+        return 1

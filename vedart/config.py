@@ -1,0 +1,342 @@
+"""Runtime configuration: the frozen :class:`Config`, its fluent builder and ``VEDART_*`` overrides.
+
+Precedence, lowest first: documented defaults, ``VEDART_*`` environment variables, builder
+calls. Every value is validated by one function per field, used alike by the builder (the
+error comes at the builder call), by environment parsing (at ``build()``) and by direct
+construction of ``Config`` (at construction), so an invalid configuration never exists.
+``Config()`` alone is the pure defaults; only ``ConfigBuilder.build()`` reads the environment.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import psutil
+
+from vedart.errors import ConfigError
+from vedart.units import ALLOWED_SIZE_TEXT, parse_size
+
+DEFAULT_OFFLOAD_THRESHOLD = 1_000_000
+PINNED_SHARE_OF_RAM = 0.25
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _default_threads() -> int:
+    return os.cpu_count() or 1
+
+
+def _default_pinned_limit() -> int:
+    return int(psutil.virtual_memory().total * PINNED_SHARE_OF_RAM)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a :class:`~vedart.runtime.Runtime` is configured with. Immutable.
+
+    Fields (defaults in brackets):
+      gpu [True]: use a GPU when one is usable; False runs every @gpu function on the CPU.
+      threads [os.cpu_count()]: worker threads of the scheduler's pool.
+      offload_threshold [1 MB]: host-array bytes below which a call stays on the CPU.
+      memory_headroom [2.0]: a GPU needs this many times the input bytes free.
+      devices [None = all visible]: CUDA ordinals the runtime may use.
+      fallback ["cpu"]: on a GPU failure re-run on the CPU ("cpu") or raise ("raise").
+      cost_model ["static"]: "static" (threshold + headroom) or "adaptive" (learned timings).
+      telemetry [True]: record per-call decisions and timings.
+      profiling [False]: time device work with CUDA events (costs synchronisation).
+      gpu_memory_fraction [1.0]: share of each device's memory the pool may take, 0 < f <= 1.
+      pinned_memory_limit [25% of RAM]: bytes of page-locked host memory vedart may hold.
+      scheduler ["threads"]: "threads" or "dask".
+      dask_address [None]: address of a Dask scheduler; None starts a local cluster.
+      progress [False]: show progress bars in par_iter terminals.
+      log_level [None]: level of the ``vedart`` logger; None leaves logging alone.
+
+    ``sources`` maps each field to where its value came from: "default", "builder" or
+    "env:VEDART_NAME". It does not take part in equality.
+    """
+
+    gpu: bool = True
+    threads: int = field(default_factory=_default_threads)
+    offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
+    memory_headroom: float = 2.0
+    devices: tuple[int, ...] | None = None
+    fallback: str = "cpu"
+    cost_model: str = "static"
+    telemetry: bool = True
+    profiling: bool = False
+    gpu_memory_fraction: float = 1.0
+    pinned_memory_limit: int = field(default_factory=_default_pinned_limit)
+    scheduler: str = "threads"
+    dask_address: str | None = None
+    progress: bool = False
+    log_level: str | None = None
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for spec in FIELD_SPECS.values():
+            object.__setattr__(self, spec.name, spec.validate(getattr(self, spec.name)))
+        known_sources = {name: self.sources.get(name, "default") for name in FIELD_SPECS}
+        object.__setattr__(self, "sources", MappingProxyType(known_sources))
+
+    @staticmethod
+    def builder() -> ConfigBuilder:
+        """Return a fluent builder: ``Config.builder().gpu(True).threads(8).build()``."""
+        return ConfigBuilder()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The field values as plain JSON-friendly data (tuples become lists)."""
+        return {
+            name: list(value) if isinstance(value, tuple) else value
+            for name in FIELD_SPECS
+            for value in [getattr(self, name)]
+        }
+
+
+# --- validation: one function per kind of field -------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """How one Config field is validated and read from its environment variable."""
+
+    name: str
+    allowed: str
+    check: Callable[[Any], Any]  # returns the normalised value, raises ValueError/TypeError
+    from_env: Callable[[str], Any]
+
+    @property
+    def env_var(self) -> str:
+        return "VEDART_" + {"offload_threshold": "THRESHOLD", "log_level": "LOG"}.get(
+            self.name, self.name.upper()
+        )
+
+    def validate(self, value: Any, origin: str | None = None) -> Any:
+        """Return ``value`` normalised, or raise ConfigError naming the field and what is allowed."""
+        try:
+            return self.check(value)
+        except (TypeError, ValueError) as error:
+            where = self.name if origin is None else f"{self.name} (from {origin})"
+            raise ConfigError(f"{where}: got {value!r}; allowed: {self.allowed}") from error
+
+    def read_env(self, text: str) -> Any:
+        try:
+            parsed = self.from_env(text)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(
+                f"{self.name} (from {self.env_var}): got {text!r}; allowed: {self.allowed}"
+            ) from error
+        return self.validate(parsed, origin=self.env_var)
+
+
+def _check_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("not a bool")
+    return value
+
+
+def _bool_from_env(text: str) -> bool:
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def _check_positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("not an int >= 1")
+    return value
+
+
+def _check_size(value: Any) -> int:
+    if isinstance(value, str):
+        return parse_size(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("not a size")
+    return value
+
+
+def _real(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError("not a finite number")
+    return float(value)
+
+
+def _check_headroom(value: Any) -> float:
+    number = _real(value)
+    if number < 1.0:
+        raise ValueError("below 1")
+    return number
+
+
+def _check_fraction(value: Any) -> float:
+    number = _real(value)
+    if not 0.0 < number <= 1.0:
+        raise ValueError("outside (0, 1]")
+    return number
+
+
+def _check_devices(value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError("not a list of ints")
+    ordinals = tuple(value)
+    if not ordinals or len(set(ordinals)) != len(ordinals):
+        raise ValueError("empty or repeated")
+    for ordinal in ordinals:
+        if isinstance(ordinal, bool) or not isinstance(ordinal, int) or ordinal < 0:
+            raise ValueError("not a device ordinal")
+    return ordinals
+
+
+def _devices_from_env(text: str) -> tuple[int, ...] | None:
+    if text.strip().lower() in ("", "all"):
+        return None
+    return tuple(int(part) for part in text.split(","))
+
+
+def _check_choice(words: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in words:
+            raise ValueError("not one of the words")
+        return value
+
+    return check
+
+
+def _check_optional_address(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("not a non-empty string")
+    return value
+
+
+def _check_log_level(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
+        raise ValueError("not a level")
+    return value.lower()
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def _lower(text: str) -> str:
+    return text.strip().lower()
+
+
+def _choice_spec(name: str, words: tuple[str, ...]) -> FieldSpec:
+    return FieldSpec(name, " or ".join(repr(w) for w in words), _check_choice(words), _lower)
+
+
+def _bool_spec(name: str) -> FieldSpec:
+    return FieldSpec(name, "True or False (env: 1/0, true/false, yes/no, on/off)",
+                     _check_bool, _bool_from_env)
+
+
+FIELD_SPECS: dict[str, FieldSpec] = {
+    spec.name: spec
+    for spec in (
+        _bool_spec("gpu"),
+        FieldSpec("threads", "an int >= 1", _check_positive_int, int),
+        FieldSpec("offload_threshold", ALLOWED_SIZE_TEXT, _check_size, _identity),
+        FieldSpec("memory_headroom", "a number >= 1.0", _check_headroom, float),
+        FieldSpec("devices", "None (all visible) or a non-empty list of distinct CUDA ordinals "
+                  ">= 0 (env: '0,1' or 'all')", _check_devices, _devices_from_env),
+        _choice_spec("fallback", ("cpu", "raise")),
+        _choice_spec("cost_model", ("static", "adaptive")),
+        _bool_spec("telemetry"),
+        _bool_spec("profiling"),
+        FieldSpec("gpu_memory_fraction", "a number f with 0 < f <= 1", _check_fraction, float),
+        FieldSpec("pinned_memory_limit", ALLOWED_SIZE_TEXT, _check_size, _identity),
+        _choice_spec("scheduler", ("threads", "dask")),
+        FieldSpec("dask_address", "None or a non-empty address string such as "
+                  "'tcp://10.0.0.5:8786'", _check_optional_address, _identity),
+        _bool_spec("progress"),
+        FieldSpec("log_level", "None or one of " + ", ".join(LOG_LEVELS), _check_log_level,
+                  _lower),
+    )
+}
+
+
+class ConfigBuilder:
+    """Fluent builder of :class:`Config`. Each setter validates at once and returns the builder.
+
+    ``build()`` fills unset fields from ``VEDART_*`` environment variables, then from the
+    defaults, and raises ConfigError for a malformed environment variable.
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+
+    def _set(self, name: str, value: Any) -> ConfigBuilder:
+        self._values[name] = FIELD_SPECS[name].validate(value)
+        return self
+
+    def gpu(self, enabled: bool) -> ConfigBuilder:
+        return self._set("gpu", enabled)
+
+    def threads(self, count: int) -> ConfigBuilder:
+        return self._set("threads", count)
+
+    def offload_threshold(self, size: int | str) -> ConfigBuilder:
+        return self._set("offload_threshold", size)
+
+    def memory_headroom(self, factor: float) -> ConfigBuilder:
+        return self._set("memory_headroom", factor)
+
+    def devices(self, ordinals: Iterable[int] | None) -> ConfigBuilder:
+        return self._set("devices", ordinals)
+
+    def fallback(self, mode: str) -> ConfigBuilder:
+        return self._set("fallback", mode)
+
+    def cost_model(self, name: str) -> ConfigBuilder:
+        return self._set("cost_model", name)
+
+    def telemetry(self, enabled: bool) -> ConfigBuilder:
+        return self._set("telemetry", enabled)
+
+    def profiling(self, enabled: bool) -> ConfigBuilder:
+        return self._set("profiling", enabled)
+
+    def gpu_memory_fraction(self, fraction: float) -> ConfigBuilder:
+        return self._set("gpu_memory_fraction", fraction)
+
+    def pinned_memory_limit(self, size: int | str) -> ConfigBuilder:
+        return self._set("pinned_memory_limit", size)
+
+    def scheduler(self, name: str) -> ConfigBuilder:
+        return self._set("scheduler", name)
+
+    def dask_address(self, address: str | None) -> ConfigBuilder:
+        return self._set("dask_address", address)
+
+    def progress(self, enabled: bool) -> ConfigBuilder:
+        return self._set("progress", enabled)
+
+    def log_level(self, level: str | None) -> ConfigBuilder:
+        return self._set("log_level", level)
+
+    def build(self, environ: Mapping[str, str] | None = None) -> Config:
+        """Return the Config: builder values, else ``VEDART_*`` from ``environ``
+        (default ``os.environ``), else defaults."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for name, spec in FIELD_SPECS.items():
+            if name in self._values:
+                values[name], sources[name] = self._values[name], "builder"
+            elif spec.env_var in environ:
+                values[name] = spec.read_env(environ[spec.env_var])
+                sources[name] = "env:" + spec.env_var
+        return Config(**values, sources=sources)

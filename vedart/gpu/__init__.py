@@ -1,0 +1,1 @@
+"""The GPU layer: device discovery, NVML queries and the runtime's GPU context."""

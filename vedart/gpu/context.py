@@ -1,0 +1,93 @@
+"""GPUContext (``runtime.gpu``): which devices the runtime uses, whether it can, and their state."""
+
+from __future__ import annotations
+
+from vedart.config import Config
+from vedart.errors import ConfigError, DeviceError, GPUUnavailableError
+from vedart.gpu.devices import CudaProbe, DeviceInfo, DeviceProbe
+
+MIB = 2**20
+
+
+class GPUContext:
+    """The runtime's view of its GPUs.
+
+    Truthy exactly when a GPU is usable, so the seed guide's ``if runtime.gpu:`` works.
+    ``devices`` lists the configured devices (``Config.devices``, default all visible);
+    querying a device that is not among them raises DeviceError, and querying any device
+    while none is usable raises GPUUnavailableError with :attr:`unavailable_reason`.
+    Memory figures are in MiB (2**20 bytes), as nvidia-smi reports them.
+    """
+
+    backend = "cupy"
+
+    def __init__(self, config: Config, probe: DeviceProbe | None = None) -> None:
+        self._probe: DeviceProbe = CudaProbe() if probe is None else probe
+        discovery = self._probe.discover()
+        self.unavailable_reason: str | None = discovery.unavailable_reason
+        try:
+            self.devices: list[DeviceInfo] = _configured(list(discovery.devices), config.devices)
+        except ConfigError:
+            self._probe.close()
+            raise
+        self._by_ordinal = {device.ordinal: device for device in self.devices}
+
+    @property
+    def device_count(self) -> int:
+        return len(self.devices)
+
+    def is_available(self) -> bool:
+        return self.unavailable_reason is None
+
+    def __bool__(self) -> bool:
+        return self.is_available()
+
+    def device(self, ordinal: int | None = None) -> DeviceInfo:
+        """The configured device ``ordinal`` (None: the first configured device)."""
+        if not self.is_available():
+            raise GPUUnavailableError(f"no GPU: {self.unavailable_reason}")
+        if ordinal is None:
+            return self.devices[0]
+        try:
+            return self._by_ordinal[ordinal]
+        except (KeyError, TypeError):
+            raise DeviceError(
+                f"device: got {ordinal!r}; allowed: one of the runtime's CUDA ordinals "
+                f"{sorted(self._by_ordinal)}"
+            ) from None
+
+    def free_memory(self, ordinal: int) -> int:
+        """Free bytes on device ``ordinal`` now (NVML; the cost model's query)."""
+        return self._probe.free_and_total(ordinal)[0]
+
+    def get_memory_stats(self, device: int | None = None) -> dict[str, float]:
+        """``used_mb``, ``free_mb`` and ``total_mb`` of ``device`` (None: the first configured)."""
+        info = self.device(device)
+        free, total = self._probe.free_and_total(info.ordinal)
+        return {
+            "used_mb": max(total - free, 0) / MIB,
+            "free_mb": free / MIB,
+            "total_mb": total / MIB,
+        }
+
+    def get_utilization(self, device: int | None = None) -> float:
+        """Percent of the last sample period the device was busy, in [0, 100], from NVML."""
+        info = self.device(device)
+        return min(max(self._probe.utilization_percent(info.ordinal), 0.0), 100.0)
+
+    def close(self) -> None:
+        """Release NVML and other probe resources. Idempotent."""
+        self._probe.close()
+
+
+def _configured(visible: list[DeviceInfo], wanted: tuple[int, ...] | None) -> list[DeviceInfo]:
+    if wanted is None or not visible:
+        return visible
+    present = {device.ordinal for device in visible}
+    missing = [ordinal for ordinal in wanted if ordinal not in present]
+    if missing:
+        raise ConfigError(
+            f"devices: got {list(wanted)}; allowed: visible CUDA ordinals {sorted(present)} "
+            f"(not present: {missing})"
+        )
+    return [device for device in visible if device.ordinal in wanted]
