@@ -5,21 +5,40 @@ This module is the whole public API; everything else is an implementation detail
 
 from vedart._version import __version__
 from vedart.config import Config, ConfigBuilder
-from vedart.errors import ConfigError, DeviceError, GPUUnavailableError, VedaError
+from vedart.errors import (
+    ConfigError,
+    DeviceError,
+    GPUUnavailableError,
+    OffloadError,
+    OffloadWarning,
+    VedaError,
+)
 from vedart.gpu.devices import DeviceInfo
-from vedart.runtime import Runtime, get_runtime, init, shutdown
+from vedart.lifecycle import get_runtime, init, shutdown
+from vedart.offload.cost import Decision
+from vedart.offload.decorator import gpu
+from vedart.offload.force import force
+from vedart.offload.results import to_host
+from vedart.runtime import Runtime, report
 
 __all__ = [
     "Config",
     "ConfigBuilder",
     "ConfigError",
+    "Decision",
     "DeviceError",
     "DeviceInfo",
     "GPUUnavailableError",
+    "OffloadError",
+    "OffloadWarning",
     "Runtime",
     "VedaError",
     "__version__",
+    "force",
     "get_runtime",
+    "gpu",
     "init",
+    "report",
     "shutdown",
+    "to_host",
 ]

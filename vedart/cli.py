@@ -1,8 +1,9 @@
-"""``python -m vedart`` / ``vedart``: the command line. Subcommands: ``info``."""
+"""``python -m vedart`` / ``vedart``: the command line. Subcommands: ``info``, ``bench``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import platform
 import sys
@@ -13,7 +14,12 @@ from typing import Any
 from vedart._version import __version__
 from vedart.config import FIELD_SPECS
 from vedart.errors import GPUUnavailableError, VedaError
-from vedart.runtime import Runtime, get_runtime
+from vedart.lifecycle import get_runtime
+from vedart.runtime import Runtime
+
+# bench suites: name -> module in vedart.bench with run(quick) -> dict and format_table(dict).
+BENCH_SUITES = ("overhead", "matmul")
+QUICK_BENCHMARKS = BENCH_SUITES  # what tools/gpu-check.sh runs with --quick
 
 # Distribution names to try for each component; the first one installed is reported.
 COMPONENT_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -117,6 +123,20 @@ def _info(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(arguments: argparse.Namespace) -> int:
+    from vedart.bench.harness import environment, write_json
+
+    suite = importlib.import_module(f"vedart.bench.{arguments.suite}")
+    result = suite.run(quick=arguments.quick)
+    result["environment"] = environment(result.get("device_name"))
+    header = result["environment"]
+    print(f"vedart bench {arguments.suite} | {header['date']} | {header['device']} | "
+          f"{header['cpu_count']} CPUs | vedart {header['vedart']}")
+    print(suite.format_table(result))
+    write_json(arguments.json, result)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vedart", description="vedart command line")
     parser.add_argument("--version", action="version", version=f"vedart {__version__}")
@@ -124,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", help="versions, configuration and GPU devices")
     info.add_argument("--json", action="store_true", help="print the same as JSON")
     info.set_defaults(handler=_info)
+    bench = commands.add_parser("bench", help="benchmarks (medians, ratios within one run)")
+    bench.add_argument("suite", choices=BENCH_SUITES, help="which benchmark to run")
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions")
+    bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench.set_defaults(handler=_bench)
     return parser
 
 

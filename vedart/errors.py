@@ -23,3 +23,13 @@ class GPUUnavailableError(VedaError, RuntimeError):
 
 class DeviceError(VedaError, ValueError):
     """A device ordinal was named that the runtime does not have."""
+
+
+class OffloadError(VedaError, RuntimeError):
+    """A @gpu call failed on the GPU and ``fallback="raise"`` forbids re-running it on the CPU;
+    the GPU's exception is the ``__cause__``."""
+
+
+class OffloadWarning(RuntimeWarning):
+    """A @gpu call fell back to the CPU after a GPU failure (issued once per function and kind
+    of failure)."""

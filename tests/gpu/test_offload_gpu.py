@@ -1,0 +1,341 @@
+"""@veda.gpu on the real GPU: the seed guide's snippets, substitution, fallback, mutation,
+and a property test comparing the GPU path with the CPU path (``pytest -m gpu``)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import vedart as veda
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def gpu_runtime() -> veda.Runtime:
+    runtime = veda.init(veda.Config.builder().gpu(True).build())
+    assert runtime.gpu, runtime.gpu and runtime.gpu.unavailable_reason
+    return runtime
+
+
+def last(func: Any) -> tuple[str, str]:
+    name = f"{func.__module__}.{func.__qualname__}"
+    decision = veda.get_runtime().telemetry.function(name).last_decision()
+    assert decision is not None
+    return decision
+
+
+def assert_same(gpu_value: Any, cpu_value: Any, rtol: float = 1e-7, atol: float = 0.0) -> None:
+    """Same type, same dtype, same values within tolerance, recursively through tuples."""
+    assert type(gpu_value) is type(cpu_value), (type(gpu_value), type(cpu_value))
+    if isinstance(cpu_value, (tuple, list)):
+        assert len(gpu_value) == len(cpu_value)
+        for g, c in zip(gpu_value, cpu_value):
+            assert_same(g, c, rtol, atol)
+        return
+    assert np.asarray(gpu_value).dtype == np.asarray(cpu_value).dtype
+    np.testing.assert_allclose(gpu_value, cpu_value, rtol=rtol, atol=atol)
+
+
+# --- the seed guide's snippets --------------------------------------------------------------
+
+@veda.gpu
+def matrix_multiply(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Automatically uses GPU if beneficial."""
+    return A @ B
+
+
+@veda.gpu
+def vector_add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a + b
+
+
+@veda.gpu
+def efficient_operation(X: np.ndarray) -> np.ndarray:
+    mean = X.mean(axis=0)
+    std = X.std(axis=0)
+    normalized = (X - mean) / std
+    return normalized @ normalized.T
+
+
+@veda.gpu
+def train_step(X: np.ndarray, y: np.ndarray, weights: np.ndarray) -> tuple[Any, np.ndarray]:
+    predictions = X @ weights
+    loss = ((predictions - y) ** 2).mean()
+    grad = 2 * X.T @ (predictions - y) / len(y)
+    return loss, grad
+
+
+@veda.gpu(force="gpu")
+def monte_carlo_pi(n_samples: int) -> Any:
+    import numpy as np
+
+    x = np.random.random(n_samples)
+    y = np.random.random(n_samples)
+    inside = (x**2 + y**2) <= 1.0
+    return 4.0 * inside.sum() / n_samples
+
+
+@veda.gpu
+def apply_filter(image: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    from scipy.ndimage import convolve
+
+    return convolve(image, kernel)
+
+
+def test_matrix_multiply_small_runs_on_cpu_large_on_gpu() -> None:
+    rng = np.random.default_rng()
+    small = rng.random((10, 10)), rng.random((10, 10))
+    assert_same(matrix_multiply(*small), small[0] @ small[1])
+    assert last(matrix_multiply) == ("cpu", "below threshold: 1.6 KB < 1.0 MB")
+    large = rng.random((5000, 5000)), rng.random((5000, 5000))
+    assert_same(matrix_multiply(*large), matrix_multiply.__wrapped__(*large), rtol=1e-10)
+    path, reason = last(matrix_multiply)
+    assert path == "gpu" and reason.startswith("400.0 MB >= threshold 1.0 MB; device 0 has")
+
+
+def test_vector_add_small_and_large() -> None:
+    assert_same(vector_add(np.array([1, 2, 3]), np.array([4, 5, 6])), np.array([5, 7, 9]))
+    assert last(vector_add)[0] == "cpu"
+    rng = np.random.default_rng()
+    a, b = rng.integers(-1000, 1000, 2_000_000), rng.integers(-1000, 1000, 2_000_000)
+    assert_same(vector_add(a, b), a + b)
+    assert last(vector_add)[0] == "gpu"
+
+
+def test_efficient_operation() -> None:
+    X = np.random.default_rng().random((2000, 500))
+    assert_same(efficient_operation(X), efficient_operation.__wrapped__(X), rtol=1e-9, atol=1e-9)
+    assert last(efficient_operation)[0] == "gpu"
+
+
+def test_train_step_returns_numpy_scalar_and_array() -> None:
+    rng = np.random.default_rng()
+    X, y, w = rng.random((20000, 100)), rng.random(20000), rng.random(100)
+    gpu_loss, gpu_grad = train_step(X, y, w)
+    assert last(train_step)[0] == "gpu"
+    cpu_loss, cpu_grad = train_step.__wrapped__(X, y, w)
+    assert type(gpu_loss) is np.float64
+    assert_same((gpu_loss, gpu_grad), (cpu_loss, cpu_grad), rtol=1e-9)
+
+
+def test_monte_carlo_pi_draws_on_the_gpu() -> None:
+    estimate = monte_carlo_pi(10_000_000)
+    assert last(monte_carlo_pi) == ("gpu", 'forced by @gpu(force="gpu")')
+    assert type(estimate) is type(monte_carlo_pi.__wrapped__(1000)) is np.float64
+    assert abs(estimate - np.pi) < 0.005
+
+
+def test_apply_filter_uses_cupyx_scipy() -> None:
+    from scipy.ndimage import convolve
+
+    rng = np.random.default_rng()
+    image, kernel = rng.random((1024, 1024)).astype(np.float32), rng.random((5, 5)).astype(np.float32)
+    assert_same(apply_filter(image, kernel), convolve(image, kernel), rtol=1e-5, atol=1e-5)
+    assert last(apply_filter)[0] == "gpu"
+
+
+# --- decisions, fallback, mutation ------------------------------------------------------------
+
+def test_api_cupy_lacks_falls_back_with_the_reason() -> None:
+    @veda.gpu(force="gpu")
+    def percentile(x: np.ndarray) -> Any:
+        return np.nanpercentile(x, 50)
+
+    x = np.random.default_rng().random(1000)
+    with pytest.warns(veda.OffloadWarning, match="re-ran on CPU"):
+        assert_same(percentile(x), np.nanpercentile(x, 50))
+    path, reason = last(percentile)
+    assert path == "fallback" and "no implementation found for 'numpy.nanpercentile'" in reason
+
+
+def test_missing_ufunc_falls_back() -> None:
+    @veda.gpu(force="gpu")
+    def spacing(x: np.ndarray) -> np.ndarray:
+        return np.spacing(x)
+
+    x = np.random.default_rng().random(100)
+    with pytest.warns(veda.OffloadWarning):
+        assert_same(spacing(x), np.spacing(x))
+    assert last(spacing)[0] == "fallback"
+
+
+def test_out_of_memory_falls_back_to_cpu_and_raise_mode_raises() -> None:
+    def big_scratch(x: np.ndarray) -> Any:
+        scratch = np.empty(90 * 10**9, dtype=np.uint8)  # more than the GPU has; lazy on the host
+        return x.sum() + scratch.size * 0
+
+    x = np.random.default_rng().random(1000)
+    on_gpu = veda.gpu(force="gpu")(big_scratch)
+    with pytest.warns(veda.OffloadWarning):
+        assert_same(on_gpu(x), x.sum())
+    path, reason = last(big_scratch)
+    assert path == "fallback" and "OutOfMemoryError" in reason
+    with pytest.raises(veda.OffloadError, match="OutOfMemoryError") as caught:
+        veda.gpu(force="gpu", fallback="raise")(big_scratch)(x)
+    assert type(caught.value.__cause__).__name__ == "OutOfMemoryError"
+
+
+def test_input_larger_than_free_device_memory_runs_on_cpu() -> None:
+    @veda.gpu
+    def corner(x: np.ndarray) -> Any:
+        return x[0, :5].sum()
+
+    huge = np.broadcast_to(np.float64(1.5), (200_000, 100_000))  # 160 GB logical, no memory
+    assert corner(huge) == np.float64(7.5)
+    path, reason = last(corner)
+    assert path == "cpu" and reason.startswith("device 0 has ") and "needs 320.0 GB (2.0x inputs)" in reason
+
+
+def test_user_exceptions_propagate_and_are_not_rerun() -> None:
+    calls = []
+
+    @veda.gpu(force="gpu")
+    def checked(x: np.ndarray) -> np.ndarray:
+        calls.append(type(x).__module__.split(".")[0])
+        if x.shape[0] != 3:
+            raise ValueError("need three rows")
+        return x
+
+    with pytest.raises(ValueError, match="need three rows"):
+        checked(np.random.default_rng().random((4, 2)))
+    assert calls == ["cupy"]
+
+
+def test_writes_are_copied_back_and_undeclared_writes_are_not() -> None:
+    def scale_into(a: np.ndarray, out: np.ndarray) -> None:
+        out[:] = a * 2
+        a[:] = 0  # undeclared: not propagated from the GPU copy
+
+    rng = np.random.default_rng()
+    a, out = rng.random(300_000), rng.random(300_000)
+    a_before = a.copy()
+    veda.gpu(writes=("out",))(scale_into)(a, out)
+    np.testing.assert_array_equal(out, a_before * 2)
+    np.testing.assert_array_equal(a, a_before)
+    assert last(scale_into)[0] == "gpu"
+
+
+def test_returns_device_keeps_cupy_arrays_and_to_host_converts() -> None:
+    import cupy
+
+    x = np.random.default_rng().random((1000, 1000))
+    result = veda.gpu(returns="device")(lambda m: (m @ m, m.sum()))(x)
+    assert isinstance(result[0], cupy.ndarray)
+    host = veda.to_host(result)
+    assert type(host[0]) is np.ndarray and type(host[1]) is np.float64
+    np.testing.assert_allclose(host[0], x @ x, rtol=1e-10)
+
+
+def test_cupy_argument_runs_on_its_device_whatever_its_size() -> None:
+    import cupy
+
+    with cupy.cuda.Device(0):
+        small = cupy.arange(10, dtype=cupy.float32)
+    assert_same(vector_add(small, small), np.arange(10, dtype=np.float32) * 2)
+    assert last(vector_add) == ("gpu", "input already on device 0")
+
+
+def test_concurrent_calls_from_threads_are_correct() -> None:
+    rng = np.random.default_rng()
+    inputs = [rng.random((600, 600)) for _ in range(8)]
+    errors: list[BaseException] = []
+
+    def worker(m: np.ndarray) -> None:
+        try:
+            for _ in range(10):
+                np.testing.assert_allclose(matrix_multiply(m, m), m @ m, rtol=1e-10)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(m,)) for m in inputs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[0]
+    assert last(matrix_multiply)[0] == "gpu"
+
+
+def test_numpy_in_other_threads_is_unaffected_while_gpu_calls_run() -> None:
+    stop = threading.Event()
+    wrong: list[type] = []
+
+    def numpy_user() -> None:
+        while not stop.is_set():
+            for value in (np.zeros(3), np.random.random(3), np.asarray([1.0])):
+                if type(value) is not np.ndarray:
+                    wrong.append(type(value))
+
+    @veda.gpu(force="gpu")
+    def creates(n: int) -> Any:
+        return np.zeros(n) + np.random.random(n)
+
+    thread = threading.Thread(target=numpy_user)
+    thread.start()
+    try:
+        for _ in range(200):
+            assert type(creates(1000)) is np.ndarray
+    finally:
+        stop.set()
+        thread.join()
+    assert wrong == []
+    assert last(creates)[0] == "gpu"
+
+
+def test_telemetry_records_bytes_and_phases() -> None:
+    rng = np.random.default_rng()
+    a, b = rng.random((1000, 1000)), rng.random((1000, 1000))
+    matrix_multiply(a, b)
+    record = veda.get_runtime().telemetry.recent()[-1]
+    assert record.path == "gpu" and record.device == 0
+    assert record.bytes_to_device == 16_000_000 and record.bytes_to_host == 8_000_000
+    assert record.seconds_to_device > 0 and record.seconds_compute > 0 and record.seconds_to_host > 0
+
+
+# --- property: GPU path == CPU path -----------------------------------------------------------
+
+EXPRESSIONS = {
+    "add": lambda x: x + x,
+    "mul_scalar": lambda x: x * 3,
+    "abs": lambda x: np.abs(x),
+    "sum": lambda x: x.sum(),
+    "mean_axis0": lambda x: x.mean(axis=0),
+    "max": lambda x: np.max(x),
+    "cumsum": lambda x: np.cumsum(x),
+    "sort": lambda x: np.sort(x, axis=-1),
+    "where": lambda x: np.where(x > 0, x, 0),
+    "maximum": lambda x: np.maximum(x, 1),
+    "tuple": lambda x: (x.min(), x.ravel()[::2]),
+    "zeros_like_plus": lambda x: np.zeros_like(x) + x,
+}
+REDUCTIONS = {"sum", "mean_axis0", "cumsum"}
+DTYPES = [np.float32, np.float64, np.int32, np.int64, np.complex64]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    name=st.sampled_from(sorted(EXPRESSIONS)),
+    dtype=st.sampled_from(DTYPES),
+    shape=st.lists(st.integers(1, 40), min_size=1, max_size=3).map(tuple),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_gpu_path_matches_cpu_path(name: str, dtype: type, shape: tuple[int, ...], seed: int) -> None:
+    expression = EXPRESSIONS[name]
+    if np.dtype(dtype).kind == "c" and name in ("max", "sort", "where", "maximum", "tuple"):
+        return  # ordering of complex numbers: not a like-for-like comparison
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 100).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * (rng.standard_normal(shape) * 100).astype(dtype)
+    expected = expression(x)
+    actual = veda.gpu(force="gpu")(expression)(x)
+    tolerance = {"f": 1e-4 if x.dtype.itemsize == 4 else 1e-10, "c": 1e-4}.get(x.dtype.kind, 0)
+    # Reductions may cancel; their rounding error scales with the summed magnitudes.
+    scale = float(np.abs(x).astype(np.float64).sum()) if name in REDUCTIONS else 100.0
+    assert_same(actual, expected, rtol=tolerance, atol=tolerance * scale)

@@ -1,0 +1,433 @@
+"""@veda.gpu without a GPU: decisions and their reasons (device facts through FakeProbe),
+decorator forms, force contexts, fallback on the real no-driver CuPy path, writes, telemetry."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import pickle
+import threading
+import warnings
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+import pytest
+from fakes import GIB, FakeProbe
+
+import vedart as veda
+from vedart.offload.arguments import ON_DEVICE, host_bytes, scan
+from vedart.offload.failures import is_gpu_failure
+from vedart.offload.results import results_to_host
+
+
+@veda.gpu
+def module_level_add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Adds two arrays."""
+    return a + b
+
+
+def big(nbytes: int, dtype: Any = np.float64) -> np.ndarray:
+    """A read-only view with ``nbytes`` logical bytes and almost no memory behind it."""
+    itemsize = np.dtype(dtype).itemsize
+    return np.broadcast_to(np.ones(1, dtype=dtype), (nbytes // itemsize,))
+
+
+def fake_gpu(**probe_options: Any) -> FakeProbe:
+    probe = FakeProbe(**probe_options)
+    veda.init(veda.Config.builder().build(), device_probe=probe)
+    return probe
+
+
+def explain(*args: Any, **options: Any) -> veda.Decision:
+    return veda.gpu(**options)(lambda *a: None).explain(*args)
+
+
+# --- decisions and reasons --------------------------------------------------------------------
+
+def test_below_threshold_reason() -> None:
+    fake_gpu()
+    assert explain(np.ones(1500)) == veda.Decision("cpu", "below threshold: 12.0 KB < 1.0 MB")
+
+
+def test_enough_free_memory_goes_to_the_gpu() -> None:
+    fake_gpu(free=10 * GIB)
+    decision = explain(big(4_000_000))
+    assert decision == veda.Decision(
+        "gpu", "4.0 MB >= threshold 1.0 MB; device 0 has 10.0 GB free", 0)
+
+
+def test_not_enough_free_memory_reason() -> None:
+    fake_gpu(free=1_100_000_000)
+    assert explain(big(1_600_000_000)) == veda.Decision(
+        "cpu", "device 0 has 1.1 GB free, needs 3.2 GB (2.0x inputs)")
+
+
+def test_headroom_from_config_applies() -> None:
+    veda.init(veda.Config.builder().memory_headroom(4).build(),
+              device_probe=FakeProbe(free=10 * GIB))
+    assert explain(big(3 * GIB)).reason == "device 0 has 10.0 GB free, needs 12.0 GB (4.0x inputs)"
+
+
+@pytest.mark.parametrize(
+    ("array", "reason"),
+    [(np.array([object()] * 10), "dtype object is not supported on GPU"),
+     (np.array(["abc"]), "dtype <U3 is not supported on GPU"),
+     (np.array(["2026-11-22"], dtype="datetime64[D]"), "dtype datetime64[D] is not supported on GPU"),
+     (np.ones(3, dtype=np.longdouble), "dtype float128 is not supported on GPU"),
+     (np.ma.array([1.0, 2.0]), "argument type MaskedArray (an ndarray subclass) is not supported on GPU")],
+)
+def test_unsupported_arrays_stay_on_cpu(array: np.ndarray, reason: str) -> None:
+    fake_gpu()
+    assert explain(array, threshold=0) == veda.Decision("cpu", reason)
+
+
+def test_big_endian_arrays_are_supported() -> None:
+    fake_gpu()
+    assert explain(np.ones(10, dtype=">f8"), threshold=0).path == "gpu"
+
+
+def test_gpu_disabled_by_config_and_no_gpu_reasons() -> None:
+    veda.init(veda.Config.builder().gpu(False).build())
+    assert explain(big(10**9)) == veda.Decision("cpu", "GPU disabled by config")
+    veda.init(device_probe=FakeProbe(reason="cupy is not installed"))
+    assert explain(big(10**9)) == veda.Decision("cpu", "no GPU: cupy is not installed")
+
+
+def test_per_function_threshold_overrides_config() -> None:
+    veda.init(veda.Config.builder().offload_threshold("100MB").build(), device_probe=FakeProbe())
+    assert explain(big(4_000_000)).reason == "below threshold: 4.0 MB < 100.0 MB"
+    assert explain(big(4_000_000), threshold="1MB").path == "gpu"
+
+
+def test_device_with_most_free_memory_is_chosen() -> None:
+    probe = fake_gpu(count=3)
+    probe.free = {0: 5 * GIB, 1: 20 * GIB, 2: 10 * GIB}
+    assert explain(big(4_000_000)).device == 1
+    assert explain(big(4_000_000), device=2).device == 2
+
+
+def test_configured_devices_limit_the_choice() -> None:
+    probe = FakeProbe(count=2)
+    probe.free = {0: 5 * GIB, 1: 20 * GIB}
+    veda.init(veda.Config.builder().devices([0]).build(), device_probe=probe)
+    assert explain(big(4_000_000)).device == 0
+
+
+def test_named_device_that_is_absent() -> None:
+    fake_gpu(count=1)
+    assert explain(big(4_000_000), device=3) == veda.Decision(
+        "cpu", "device 3 is not available (runtime devices: [0])", refused=True)
+
+
+def test_arrays_are_found_in_containers_up_to_the_documented_depth() -> None:
+    fake_gpu()
+    a = big(600_000)
+    assert scan(([a, a],), {}, type(None)).host_bytes == 1_200_000
+    assert scan(({"x": (a,)},), {"k": [a]}, type(None)).host_bytes == 1_200_000
+    assert scan(([[[a]]],), {}, type(None)).host_bytes == 0  # three levels down: not seen
+    assert host_bytes(([a, a],), {"k": {"x": a}}, type(None)) == 1_800_000
+    assert explain([a, a]).path == "gpu"
+
+
+def test_device_array_argument_goes_to_its_device() -> None:
+    class DeviceArray:
+        pass
+
+    assert host_bytes((np.ones(3), DeviceArray()), {}, DeviceArray) == ON_DEVICE
+    assert host_bytes(([DeviceArray()],), {}, DeviceArray) >= ON_DEVICE
+
+
+# --- force contexts and options -----------------------------------------------------------
+
+def test_force_cpu_context_and_option() -> None:
+    fake_gpu()
+    with veda.force("cpu"):
+        assert explain(big(10**8)) == veda.Decision("cpu", 'forced by veda.force("cpu")')
+    assert explain(big(10**8), force="cpu") == veda.Decision("cpu", 'forced by @gpu(force="cpu")')
+
+
+def test_force_gpu_skips_threshold_but_not_usability() -> None:
+    fake_gpu()
+    with veda.force("gpu"):
+        assert explain(np.ones(3)) == veda.Decision("gpu", 'forced by veda.force("gpu")', 0)
+        assert explain(np.array([None])) == veda.Decision(
+            "cpu", 'forced by veda.force("gpu") but dtype object is not supported on GPU',
+            refused=True)
+
+
+def test_force_gpu_without_a_gpu_follows_fallback(recwarn: pytest.WarningsRecorder) -> None:
+    veda.init(device_probe=FakeProbe(reason="CUDA driver not found"))
+    add = veda.gpu(lambda a: a + 1)
+    with veda.force("gpu"):
+        np.testing.assert_array_equal(add(np.ones(2)), np.full(2, 2.0))
+        assert add.explain(np.ones(2)).reason == \
+            'forced by veda.force("gpu") but no GPU: CUDA driver not found'
+    strict = veda.gpu(force="gpu", fallback="raise")(lambda a: a + 1)
+    with pytest.raises(veda.GPUUnavailableError, match="but no GPU: CUDA driver not found"):
+        strict(np.ones(2))
+
+
+def test_force_context_is_per_thread() -> None:
+    fake_gpu()
+    seen: list[str] = []
+    f = veda.gpu(lambda a: a)
+
+    def other() -> None:
+        seen.append(f.explain(np.ones(3)).reason)
+
+    with veda.force("cpu"):
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert seen == ["below threshold: 24 B < 1.0 MB"]
+
+
+@pytest.mark.parametrize("path", ["tpu", None, 1])
+def test_bad_force_word(path: Any) -> None:
+    with pytest.raises(veda.ConfigError, match="force: got"):
+        with veda.force(path):
+            pass
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"device": -1}, "device: got -1; allowed: None or a CUDA ordinal >= 0"),
+     ({"device": "0"}, "device: got '0'"),
+     ({"threshold": "4 parsecs"}, "threshold: got '4 parsecs'; allowed: a byte count"),
+     ({"force": "tpu"}, "force: got 'tpu'; allowed: None, 'cpu' or 'gpu'"),
+     ({"fallback": "retry"}, "fallback: got 'retry'; allowed: 'cpu' or 'raise'"),
+     ({"writes": "out"}, "writes: got 'out'; allowed: a tuple of parameter names"),
+     ({"writes": ("nope",)}, r"writes: got \['nope'\]; allowed: parameter names of .* \['a', 'out'\]"),
+     ({"returns": "disk"}, "returns: got 'disk'; allowed: 'host' or 'device'")],
+)
+def test_bad_options_raise_config_error_naming_the_option(options: dict[str, Any],
+                                                          message: str) -> None:
+    with pytest.raises(veda.ConfigError, match=message):
+        veda.gpu(**options)(lambda a, out: None)
+
+
+def test_non_callable_raises_type_error() -> None:
+    with pytest.raises(TypeError, match="@veda.gpu needs a callable; got 5 of type int"):
+        veda.gpu(5)  # type: ignore[call-overload]
+
+
+# --- decorator forms ------------------------------------------------------------------------
+
+def test_forms_and_metadata() -> None:
+    def f(a: np.ndarray, b: int = 2) -> np.ndarray:
+        """Doc."""
+        return a * b
+
+    for wrapped in (veda.gpu(f), veda.gpu()(f), veda.gpu(threshold="2MB")(f)):
+        assert wrapped.__name__ == "f" and wrapped.__doc__ == "Doc." and wrapped.__wrapped__ is f
+        assert inspect.signature(wrapped) == inspect.signature(f)
+        np.testing.assert_array_equal(wrapped(np.ones(2)), np.full(2, 2.0))
+    assert module_level_add.__doc__ == "Adds two arrays."
+
+
+def test_methods_lambdas_and_partials() -> None:
+    class Model:
+        def __init__(self) -> None:
+            self.bias = 1.0
+
+        @veda.gpu
+        def predict(self, x: np.ndarray) -> np.ndarray:
+            return x + self.bias
+
+    np.testing.assert_array_equal(Model().predict(np.zeros(2)), np.ones(2))
+    np.testing.assert_array_equal(veda.gpu(lambda x: x * 3)(np.ones(2)), np.full(2, 3.0))
+    scaled = veda.gpu(functools.partial(np.multiply, 4.0))
+    np.testing.assert_array_equal(scaled(np.ones(2)), np.full(2, 4.0))
+
+
+def test_pickles_by_reference() -> None:
+    assert pickle.loads(pickle.dumps(module_level_add)) is module_level_add
+
+
+def test_concurrent_calls_are_correct_and_counted_exactly() -> None:
+    veda.init(device_probe=FakeProbe())
+
+    @veda.gpu
+    def double(x: np.ndarray) -> np.ndarray:
+        return x * 2
+
+    failures: list[str] = []
+
+    def worker(seed: int) -> None:
+        x = np.random.default_rng(seed).random(50)
+        for _ in range(500):
+            if not np.array_equal(double(x), x * 2):
+                failures.append("wrong")
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    stats = veda.get_runtime().telemetry.function(f"{__name__}.{double.__qualname__}")
+    assert stats.as_dict()["cpu_calls"] == 4000
+
+
+def test_gpu_false_runs_everything_on_cpu_as_written() -> None:
+    veda.init(veda.Config.builder().gpu(False).build())
+    x = np.random.default_rng().random(300_000)
+    np.testing.assert_array_equal(module_level_add(x, x), x + x)
+    assert veda.get_runtime().telemetry.function(
+        f"{__name__}.module_level_add").last_decision() == ("cpu", "GPU disabled by config")
+
+
+# --- fallback on the real no-driver CuPy path ---------------------------------------------
+
+cupy = pytest.importorskip("cupy", reason="the no-driver fallback tests need CuPy installed")
+
+
+def no_driver_runtime(**builder: Any) -> None:
+    """A runtime that believes in a GPU (FakeProbe) on a machine whose CuPy has no driver, so
+    the GPU path fails for real inside CuPy."""
+    config = veda.Config.builder()
+    for name, value in builder.items():
+        getattr(config, name)(value)
+    veda.init(config.build(), device_probe=FakeProbe())
+
+
+def test_gpu_failure_reruns_on_cpu_with_original_arguments_and_warns_once() -> None:
+    no_driver_runtime()
+    calls: list[type] = []
+
+    @veda.gpu(force="gpu", writes=("out",))
+    def fill(a: np.ndarray, out: np.ndarray) -> float:
+        calls.append(type(a))
+        out[:] = a + 1
+        return float(a.sum())
+
+    a, out = np.random.default_rng().random(10), np.zeros(10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fill(a, out) == pytest.approx(a.sum())
+        fill(a, out)
+    np.testing.assert_array_equal(out, a + 1)
+    assert calls == [np.ndarray, np.ndarray]  # CPU runs only: the GPU failed before the body
+    assert [w.category for w in caught] == [veda.OffloadWarning]
+    assert "re-ran on CPU" in str(caught[0].message)
+    stats = veda.get_runtime().telemetry.function(f"{__name__}.{fill.__qualname__}")
+    path, reason = stats.last_decision()  # type: ignore[misc]
+    assert path == "fallback" and reason.startswith("GPU failed (CUDARuntimeError: ")
+    assert stats.as_dict()["fallback_calls"] == 2
+
+
+def test_fallback_raise_chains_the_gpu_error_and_leaves_arrays_untouched() -> None:
+    no_driver_runtime(fallback="raise")
+    out = np.random.default_rng().random(10)
+    before = out.copy()
+    scale = veda.gpu(force="gpu", writes=("out",))(lambda a, out: out.__imul__(2))
+    with pytest.raises(veda.OffloadError, match="GPU execution failed on device 0") as caught:
+        scale(np.ones(10), out)
+    assert type(caught.value.__cause__).__name__ == "CUDARuntimeError"
+    np.testing.assert_array_equal(out, before)
+
+
+def test_classification_of_failures() -> None:
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as error:  # the real no-driver error
+        assert is_gpu_failure(error)
+
+    class Dispatching:
+        def __array_function__(self, *args: Any) -> Any:
+            return NotImplemented
+
+    with pytest.raises(TypeError) as dispatch_error:
+        np.concatenate([Dispatching()])
+    assert is_gpu_failure(dispatch_error.value)
+    assert not is_gpu_failure(ValueError("need three rows"))
+    try:
+        raise TypeError("user's own type error")
+    except TypeError as error:
+        assert not is_gpu_failure(error)
+
+
+def test_user_exception_on_cpu_path_propagates_unchanged() -> None:
+    fake_gpu()
+
+    @veda.gpu
+    def strict(x: np.ndarray) -> None:
+        raise KeyError("mine")
+
+    with pytest.raises(KeyError, match="mine"):
+        strict(np.ones(3))
+
+
+# --- writes and results ---------------------------------------------------------------------
+
+def test_writes_problems_keep_the_call_on_cpu() -> None:
+    fake_gpu()
+    f = veda.gpu(writes=("out",))(lambda a, out: None)
+    assert f.explain(big(4_000_000), [1, 2]).reason == \
+        "writes= argument 'out' is a list, not an ndarray"
+    assert f.explain(big(4_000_000), big(8)).reason == "writes= argument 'out' is read-only"
+
+
+class FakeDeviceArray:
+    def __init__(self, host: np.ndarray) -> None:
+        self.host = host
+
+    def get(self) -> np.ndarray:
+        return self.host.copy()
+
+
+def test_results_to_host_types() -> None:
+    Pair = namedtuple("Pair", "first second")
+    value = {
+        "scalar": FakeDeviceArray(np.array(2.5)),
+        "array": FakeDeviceArray(np.arange(3)),
+        "nested": [Pair(FakeDeviceArray(np.array(1, dtype=np.int32)), "text")],
+        "plain": 7,
+    }
+    host = results_to_host(value, FakeDeviceArray)
+    assert type(host["scalar"]) is np.float64 and host["scalar"] == 2.5
+    assert type(host["array"]) is np.ndarray
+    assert type(host["nested"][0]) is Pair and type(host["nested"][0].first) is np.int32
+    assert host["nested"][0].second == "text" and host["plain"] == 7
+
+
+def test_to_host_without_cupy_arrays_returns_the_value() -> None:
+    value = (np.ones(2), 3)
+    assert veda.to_host(value) is value
+
+
+# --- telemetry ------------------------------------------------------------------------------
+
+def test_report_lists_functions_with_last_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    fake_gpu()
+    module_level_add(np.ones(3), np.ones(3))
+    veda.report()
+    out = capsys.readouterr().out
+    assert "module_level_add" in out and "cpu: below threshold: 48 B < 1.0 MB" in out
+
+
+def test_telemetry_off_records_nothing() -> None:
+    veda.init(veda.Config.builder().telemetry(False).build(), device_probe=FakeProbe())
+    module_level_add(np.ones(3), np.ones(3))
+    assert veda.get_runtime().telemetry.snapshot() == {"functions": [], "recent": []}
+    assert "telemetry is off" in veda.get_runtime().telemetry.report()
+
+
+def test_recent_records_are_bounded() -> None:
+    from vedart.telemetry import CallRecord, Telemetry
+
+    telemetry = Telemetry(recent_limit=5)
+    for index in range(12):
+        telemetry.record(CallRecord("f", "cpu", f"r{index}"))
+    assert [r.reason for r in telemetry.recent()] == ["r7", "r8", "r9", "r10", "r11"]
+    assert telemetry.snapshot()["functions"][0]["cpu_calls"] == 12
+
+
+def test_reinit_between_calls_uses_the_new_runtime() -> None:
+    fake_gpu()
+    module_level_add(np.ones(3), np.ones(3))
+    veda.init(veda.Config.builder().gpu(False).build())
+    module_level_add(np.ones(3), np.ones(3))
+    assert veda.get_runtime().telemetry.function(
+        f"{__name__}.module_level_add").last_decision() == ("cpu", "GPU disabled by config")

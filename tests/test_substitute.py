@@ -1,0 +1,116 @@
+"""Substitution on a NumPy-only machine: the clone must behave exactly like the original, and
+route NumPy names to the device package (here a recording stand-in) without touching anything
+shared."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import recording_numpy
+import sample_module as sm
+
+from vedart.offload.substitute import ModuleMapper, assigns_globals, device_clone
+
+IDENTITY = ModuleMapper({"numpy": "numpy", "scipy": "scipy"})
+RECORDING = ModuleMapper({"numpy": "recording_numpy"})
+
+
+@pytest.fixture(autouse=True)
+def _clear_recording() -> None:
+    recording_numpy.calls.clear()
+
+
+@pytest.mark.parametrize(
+    ("func", "args", "kwargs"),
+    [(sm.uses_module_numpy, (4,), {}), (sm.uses_from_import, (3,), {}),
+     (sm.imports_inside, (3,), {}), (sm.nested_lambda, (2,), {}),
+     (sm.with_defaults, (3,), {}), (sm.with_defaults, (3, 2.0), {"extra": 1.0}),
+     (sm.factorial, (6,), {}), (sm.closure_maker(1.25), (np.arange(3.0),), {}),
+     (sm.Scaler(3.0).scale, (np.arange(4.0),), {}), (sm.partial_scale, (2,), {})],
+)
+def test_identity_clone_behaves_exactly_like_the_original(func, args, kwargs) -> None:  # type: ignore[no-untyped-def]
+    expected = func(*args, **kwargs)
+    actual = device_clone(func, IDENTITY)(*args, **kwargs)
+    assert type(actual) is type(expected)
+    np.testing.assert_array_equal(actual, expected)
+
+
+def test_scipy_import_inside_resolves_on_identity_mapping() -> None:
+    rng = np.random.default_rng()
+    image, kernel = rng.random((16, 16)), rng.random((3, 3))
+    np.testing.assert_array_equal(device_clone(sm.scipy_filter, IDENTITY)(image, kernel),
+                                  sm.scipy_filter(image, kernel))
+
+
+def test_clone_reads_other_globals_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    clone = device_clone(sm.uses_module_numpy, IDENTITY)
+    monkeypatch.setattr(sm, "SCALE", 10.0)
+    np.testing.assert_array_equal(clone(2), np.full(2, 10.0))
+
+
+def test_module_numpy_names_route_to_the_device_package() -> None:
+    device_clone(sm.uses_module_numpy, RECORDING)(3)
+    device_clone(sm.uses_from_import, RECORDING)(3)
+    device_clone(sm.imports_inside, RECORDING)(3)
+    device_clone(sm.nested_lambda, RECORDING)(3)
+    device_clone(sm.Scaler(2.0).scale, RECORDING)(np.arange(2.0))
+    assert [name for name, _ in recording_numpy.calls] == ["zeros"] * 6
+
+
+def test_names_the_device_package_lacks_fall_back_to_numpy() -> None:
+    result = device_clone(sm.with_defaults, RECORDING)(2)  # np.ones: not in recording_numpy
+    np.testing.assert_array_equal(result, np.full(2, 2.0))
+    assert recording_numpy.calls == []
+
+
+def test_nothing_shared_is_patched_and_other_threads_see_plain_numpy() -> None:
+    import builtins
+    import sys
+
+    real_import, real_zeros, real_np = builtins.__import__, np.zeros, sys.modules["numpy"]
+    clone = device_clone(sm.imports_inside, RECORDING)
+    stop = threading.Event()
+    other_thread_ids: list[int] = []
+
+    def numpy_user() -> None:
+        other_thread_ids.append(threading.get_ident())
+        while not stop.is_set():
+            import numpy
+
+            assert type(numpy.zeros(2)) is np.ndarray
+
+    thread = threading.Thread(target=numpy_user)
+    thread.start()
+    try:
+        for _ in range(300):
+            clone(2)
+    finally:
+        stop.set()
+        thread.join()
+    assert builtins.__import__ is real_import and np.zeros is real_zeros
+    assert sys.modules["numpy"] is real_np
+    assert len(recording_numpy.calls) == 600
+    assert {ident for _, ident in recording_numpy.calls} == {threading.get_ident()}
+    assert other_thread_ids[0] != threading.get_ident()
+
+
+def test_functions_assigning_globals_are_not_cloned_so_assignments_reach_the_module() -> None:
+    assert assigns_globals(sm.bump_counter)
+    assert not assigns_globals(sm.uses_module_numpy)
+    clone = device_clone(sm.bump_counter, RECORDING)
+    assert clone is sm.bump_counter
+    before = sm.counter
+    clone()
+    assert sm.counter == before + 1
+
+
+def test_other_callables_are_returned_unchanged() -> None:
+    assert device_clone(np.sum, RECORDING) is np.sum
+
+
+def test_clone_keeps_identity_metadata() -> None:
+    clone = device_clone(sm.with_defaults, IDENTITY)
+    assert clone.__name__ == "with_defaults" and clone.__qualname__ == "with_defaults"
+    assert clone.__kwdefaults__ == {"extra": 0.5} and clone.__defaults__ == (1.5,)

@@ -1,0 +1,52 @@
+"""What every benchmark suite shares: timing medians, the environment header, JSON output."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vedart._version import __version__
+
+
+def median_seconds(run: Callable[[], Any], *, repeats: int, warmup: int = 1,
+                   synchronize: Callable[[], None] | None = None) -> float:
+    """Median wall-clock seconds of ``run()`` over ``repeats`` timed runs after ``warmup``
+    untimed ones; ``synchronize`` (e.g. a device sync) runs inside each timed span."""
+    for _ in range(warmup):
+        run()
+    if synchronize is not None:
+        synchronize()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        if synchronize is not None:
+            synchronize()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def environment(device_name: str | None) -> dict[str, Any]:
+    """Where and when a benchmark ran: device, CPU, versions, date."""
+    from vedart.cli import component_versions
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": device_name or "no GPU",
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "vedart": __version__,
+        "versions": component_versions(),
+    }
+
+
+def write_json(path: str | None, result: dict[str, Any]) -> None:
+    if path is not None:
+        Path(path).write_text(json.dumps(result, indent=2) + "\n")

@@ -1,0 +1,1 @@
+"""@gpu offload: argument scanning, cost models, NumPy-to-CuPy substitution, results, fallback."""

@@ -1,0 +1,111 @@
+"""Finding arrays in call arguments, and rebuilding arguments with arrays converted.
+
+Arrays are found in positional and keyword arguments and inside lists, tuples (namedtuples
+included) and dicts, nested up to ``CONTAINER_DEPTH`` levels below the argument (``f([A, B])``
+and ``f({"x": (A,)})`` are seen; an array three containers deep is not, and stays on the host).
+Scanning is linear in the number of container elements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+CONTAINER_DEPTH = 2
+_CONTAINERS = (list, tuple, dict)
+
+
+def _values(container: Any) -> Any:
+    return container.values() if type(container) is dict else container
+
+
+ON_DEVICE = 1 << 62  # host_bytes' answer when a device array is present: above any threshold
+_ndarray = np.ndarray  # bound once: the fast path reads it per argument
+
+
+def host_bytes(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type) -> int:
+    """Bytes of the host ndarrays in the arguments, or ``ON_DEVICE`` if any is a device array.
+
+    The @gpu fast path calls this on every call, so it allocates nothing and returns an int.
+    """
+    total = 0
+    for value in args:
+        kind = type(value)
+        if kind is _ndarray:
+            total += value.nbytes
+        elif kind is device_type:
+            return ON_DEVICE
+        elif kind in _CONTAINERS or isinstance(value, _ndarray):
+            total += _host_bytes_nested(value, device_type, CONTAINER_DEPTH)
+    if kwargs:
+        total += _host_bytes_nested(kwargs, device_type, CONTAINER_DEPTH + 1)
+    return total
+
+
+def _host_bytes_nested(value: Any, device_type: type, depth: int) -> int:
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if type(value) is device_type:
+        return ON_DEVICE
+    if depth == 0 or not isinstance(value, _CONTAINERS):
+        return 0
+    return sum(_host_bytes_nested(item, device_type, depth - 1) for item in _values(value))
+
+
+def iter_arrays(value: Any, array_type: type, depth: int) -> Iterator[Any]:
+    """Every instance of ``array_type`` in ``value``, opening at most ``depth`` container levels
+    (pass ``CONTAINER_DEPTH + 1`` for the args tuple or kwargs dict, which are a level too)."""
+    if isinstance(value, array_type):
+        yield value
+    elif depth > 0 and isinstance(value, _CONTAINERS):
+        for item in _values(value):
+            yield from iter_arrays(item, array_type, depth - 1)
+
+
+def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
+               depth: int) -> Any:
+    """``value`` with every ``array_type`` instance replaced by ``convert(instance)``, opening at
+    most ``depth`` levels of lists, tuples, namedtuples and dicts; other values are kept as they are
+    (containers without arrays are returned as the same object)."""
+    if isinstance(value, array_type):
+        return convert(value)
+    if depth <= 0 or not isinstance(value, _CONTAINERS):
+        return value
+    if type(value) is dict or isinstance(value, dict):
+        items = {key: map_arrays(item, array_type, convert, depth - 1)
+                 for key, item in value.items()}
+        if all(items[key] is value[key] for key in value):
+            return value
+        return items if type(value) is dict else type(value)(items)
+    converted = [map_arrays(item, array_type, convert, depth - 1) for item in value]
+    if all(new is old for new, old in zip(converted, value)):
+        return value
+    if isinstance(value, list):
+        return converted if type(value) is list else type(value)(converted)
+    if hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*converted)
+    return tuple(converted) if type(value) is tuple else type(value)(converted)
+
+
+@dataclass
+class ArgumentFacts:
+    """What the cost model needs to know about one call's arguments (slow path only)."""
+
+    host_bytes: int = 0
+    host_arrays: list[np.ndarray] = field(default_factory=list)
+    device_ordinals: list[int] = field(default_factory=list)
+
+
+def scan(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type) -> ArgumentFacts:
+    """Collect host arrays (with their bytes) and the devices of device arrays."""
+    facts = ArgumentFacts()
+    for container in (args, kwargs):
+        for array in iter_arrays(container, np.ndarray, CONTAINER_DEPTH + 1):
+            facts.host_arrays.append(array)
+            facts.host_bytes += array.nbytes
+        for array in iter_arrays(container, device_type, CONTAINER_DEPTH + 1):
+            facts.device_ordinals.append(int(array.device.id))
+    return facts

@@ -1,0 +1,104 @@
+"""The static cost model (the seed rule) and the Decision every @gpu call carries.
+
+GPU only when all hold: a GPU is usable; every array argument is a plain ndarray of a dtype
+CuPy supports; host-array bytes >= the threshold; the chosen device has at least
+``headroom x`` those bytes free (NVML). A CuPy argument sends the call to its device whatever
+its size. Forcing skips the threshold and memory checks, never the usability checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from vedart.gpu.context import GPUContext
+from vedart.offload.arguments import ArgumentFacts
+from vedart.units import format_bytes
+
+# dtype kinds and sizes CuPy supports: bool, signed/unsigned ints, float16/32/64, complex64/128.
+SUPPORTED_DTYPES = frozenset(
+    np.dtype(name) for name in (
+        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+        "float16", "float32", "float64", "complex64", "complex128",
+    )
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where one call runs and why. ``refused`` marks a GPU that was asked for (forced, or a
+    named device) but cannot be used, which ``fallback="raise"`` turns into an error."""
+
+    path: str
+    reason: str
+    device: int | None = None
+    refused: bool = False
+
+
+@dataclass(frozen=True)
+class Forcing:
+    """A forced path and who forced it, e.g. ``Forcing("gpu", 'veda.force("gpu")')``."""
+
+    path: str
+    source: str
+
+
+def unsupported_reason(arrays: Sequence[np.ndarray]) -> str | None:
+    """Why these host arrays cannot go to the GPU, or None when they all can."""
+    for array in arrays:
+        if type(array) is not np.ndarray:
+            return f"argument type {type(array).__name__} (an ndarray subclass) is not supported on GPU"
+        if array.dtype.newbyteorder("=") not in SUPPORTED_DTYPES:
+            return f"dtype {array.dtype} is not supported on GPU"
+    return None
+
+
+def decide_static(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int,
+                  headroom: float, device: int | None, forcing: Forcing | None) -> Decision:
+    """The static decision for one call (see the module docstring for the rule)."""
+    wants_gpu = forcing is not None and forcing.path == "gpu"
+    forced_by = f"forced by {forcing.source}" if forcing is not None else ""
+
+    def cpu(reason: str, refusable: bool = True) -> Decision:
+        if wants_gpu and refusable:
+            return Decision("cpu", f"{forced_by} but {reason}", refused=True)
+        return Decision("cpu", reason)
+
+    if gpu is None:
+        return cpu("GPU disabled by config")
+    if forcing is not None and forcing.path == "cpu":
+        return Decision("cpu", forced_by)
+    if not gpu.is_available():
+        return cpu(f"no GPU: {gpu.unavailable_reason}")
+    unsupported = unsupported_reason(facts.host_arrays)
+    if unsupported is not None:
+        return cpu(unsupported)
+    ordinals = [d.ordinal for d in gpu.devices]
+    if device is not None and device not in ordinals:
+        return Decision("cpu", f"device {device} is not available (runtime devices: {ordinals})",
+                        refused=True)
+    if device is None and facts.device_ordinals:
+        device = facts.device_ordinals[0]
+    if wants_gpu:
+        return Decision("gpu", forced_by, _most_free(gpu, [device] if device is not None else ordinals)[0])
+    if facts.device_ordinals:
+        return Decision("gpu", f"input already on device {device}", device)
+    if facts.host_bytes < threshold:
+        return cpu(f"below threshold: {format_bytes(facts.host_bytes)} < {format_bytes(threshold)}")
+    chosen, free = _most_free(gpu, [device] if device is not None else ordinals)
+    needed = headroom * facts.host_bytes
+    if free < needed:
+        return cpu(f"device {chosen} has {format_bytes(free)} free, needs {format_bytes(needed)} "
+                   f"({headroom:.1f}x inputs)")
+    return Decision("gpu", f"{format_bytes(facts.host_bytes)} >= threshold "
+                           f"{format_bytes(threshold)}; device {chosen} has {format_bytes(free)} free",
+                    chosen)
+
+
+def _most_free(gpu: GPUContext, ordinals: Sequence[int]) -> tuple[int, int]:
+    """The device among ``ordinals`` with the most free memory, and that free byte count."""
+    free_by_device = [(gpu.free_memory(ordinal), ordinal) for ordinal in ordinals]
+    free, ordinal = max(free_by_device, key=lambda pair: (pair[0], -pair[1]))
+    return ordinal, free

@@ -1,0 +1,357 @@
+"""``@veda.gpu``: decide per call, run on the GPU with NumPy-to-CuPy substitution, return host
+results, and fall back to the CPU when the GPU fails.
+
+The path of one call:
+1. Fast path, no NVML query, no logging: GPU disabled or absent, or host-array bytes below the
+   threshold with no device array -> call the function as written.
+2. Otherwise scan the arguments, ask the static cost model for a Decision (with a reason).
+3. GPU: inside ``cupy.cuda.Device(d)`` copy host arrays to the device, run the substituted
+   clone, synchronise, copy results (and ``writes=`` arguments) back, record telemetry.
+4. A GPU-specific failure re-runs the function on the CPU with the caller's original arguments
+   (``fallback="cpu"``) or raises OffloadError (``fallback="raise"``). The user's own exceptions
+   propagate unchanged and are not re-run.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import numpy as np
+
+from vedart import lifecycle
+from vedart.config import FIELD_SPECS
+from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
+from vedart.offload.arguments import (
+    CONTAINER_DEPTH,
+    ArgumentFacts,
+    host_bytes,
+    map_arrays,
+    scan,
+)
+from vedart.offload.cost import Decision, Forcing, decide_static
+from vedart.offload.failures import WarnOnce, failure_summary, is_gpu_failure
+from vedart.offload.force import check_path, forced_path
+from vedart.offload.results import result_bytes, results_to_host
+from vedart.offload.substitute import DEVICE_PACKAGES, ModuleMapper, device_clone
+from vedart.telemetry import CallRecord, FunctionStats
+
+if TYPE_CHECKING:
+    from vedart.runtime import Runtime
+
+F = TypeVar("F", bound=Callable[..., Any])
+RETURNS = ("host", "device")
+_warn_once = WarnOnce()
+_mapper_lock = threading.Lock()
+_mapper: ModuleMapper | None = None
+
+
+_NEVER_CURRENT: Any = object()  # a plan "runtime" that is never lifecycle.current, not even None
+
+
+class _NoDeviceArray:
+    """Stands in for ``cupy.ndarray`` while no GPU is usable (no argument is ever one)."""
+
+
+@dataclass(frozen=True)
+class OffloadOptions:
+    """The validated options of one @gpu function."""
+
+    device: int | None = None
+    threshold: int | None = None
+    force: str | None = None
+    fallback: str | None = None
+    writes: tuple[str, ...] = ()
+    returns: str = "host"
+
+    @staticmethod
+    def validated(device: Any, threshold: Any, force: Any, fallback: Any, writes: Any,
+                  returns: Any) -> OffloadOptions:
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int)
+                                   or device < 0):
+            raise ConfigError(f"device: got {device!r}; allowed: None or a CUDA ordinal >= 0")
+        if threshold is not None:
+            threshold = replace(FIELD_SPECS["offload_threshold"], name="threshold").validate(threshold)
+        if fallback is not None:
+            fallback = FIELD_SPECS["fallback"].validate(fallback)
+        if isinstance(writes, str) or not isinstance(writes, Iterable) or \
+                not all(isinstance(name, str) for name in writes):
+            raise ConfigError(f"writes: got {writes!r}; allowed: a tuple of parameter names")
+        if returns not in RETURNS:
+            raise ConfigError(f"returns: got {returns!r}; allowed: 'host' or 'device'")
+        return OffloadOptions(device, threshold, check_path("force", force), fallback,
+                              tuple(writes), returns)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the fast path needs, computed once per runtime."""
+
+    runtime: Runtime | None  # never None after refresh; a fresh _Offload holds _NEVER_CURRENT
+    always_cpu: str | None = None     # a fixed reason when no call of this function can use a GPU
+    threshold: int = 0
+    stats: FunctionStats | None = None
+    device_type: type = _NoDeviceArray
+
+
+def _device_mapper() -> ModuleMapper:
+    global _mapper
+    with _mapper_lock:
+        if _mapper is None:
+            _mapper = ModuleMapper(DEVICE_PACKAGES)
+        return _mapper
+
+
+def _qualified_name(func: Callable[..., Any]) -> str:
+    target = func.func if isinstance(func, functools.partial) else func
+    module = getattr(target, "__module__", None) or "?"
+    return f"{module}.{getattr(target, '__qualname__', type(target).__name__)}"
+
+
+class _Offload:
+    """The per-function state behind a @gpu wrapper."""
+
+    def __init__(self, func: Callable[..., Any], options: OffloadOptions) -> None:
+        self.func = func
+        self.options = options
+        self.name = _qualified_name(func)
+        self.plan = _Plan(runtime=_NEVER_CURRENT)
+        self._clone: Callable[..., Any] | None = None
+        self._signature: inspect.Signature | None = None
+        if options.writes:
+            self._signature = inspect.signature(func)
+            unknown = [n for n in options.writes if n not in self._signature.parameters]
+            if unknown:
+                raise ConfigError(f"writes: got {list(options.writes)}; allowed: parameter names "
+                                  f"of {self.name} {list(self._signature.parameters)} "
+                                  f"(unknown: {unknown})")
+
+    def refresh(self) -> _Plan:
+        """Rebuild the plan for the current runtime (first call, after init or shutdown)."""
+        runtime = lifecycle.get_runtime()
+        config = runtime.config
+        always_cpu = None
+        if self.options.force == "cpu":
+            always_cpu = 'forced by @gpu(force="cpu")'
+        elif self.options.force is None:
+            if runtime.gpu is None:
+                always_cpu = "GPU disabled by config"
+            elif not runtime.gpu.is_available():
+                always_cpu = f"no GPU: {runtime.gpu.unavailable_reason}"
+        device_type: type = _NoDeviceArray
+        if runtime.gpu is not None and runtime.gpu.is_available():
+            import cupy
+
+            device_type = cupy.ndarray
+        threshold = config.offload_threshold if self.options.threshold is None \
+            else self.options.threshold
+        self.plan = _Plan(
+            runtime=runtime,
+            always_cpu=always_cpu,
+            threshold=threshold,
+            stats=runtime.telemetry.function(self.name, threshold) if runtime.telemetry.enabled
+            else None,
+            device_type=device_type,
+        )
+        return self.plan
+
+    def forcing(self) -> Forcing | None:
+        in_context = forced_path.get()
+        if in_context is not None:
+            return Forcing(in_context, f'veda.force("{in_context}")')
+        if self.options.force is not None:
+            return Forcing(self.options.force, f'@gpu(force="{self.options.force}")')
+        return None
+
+    def decide(self, plan: _Plan, facts: ArgumentFacts, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Decision:
+        runtime = plan.runtime
+        assert runtime is not None
+        decision = decide_static(
+            facts, gpu=runtime.gpu, threshold=plan.threshold,
+            headroom=runtime.config.memory_headroom, device=self.options.device,
+            forcing=self.forcing())
+        if decision.path == "gpu" and self._signature is not None:
+            problem = self._writes_problem(args, kwargs)
+            if problem is not None:
+                return Decision("cpu", problem, refused=decision.reason.startswith("forced"))
+        return decision
+
+    def _writes_problem(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        assert self._signature is not None
+        bound = self._signature.bind(*args, **kwargs).arguments
+        for name in self.options.writes:
+            value = bound.get(name)
+            if type(value) is not np.ndarray:
+                return f"writes= argument {name!r} is a {type(value).__name__}, not an ndarray"
+            if not value.flags.writeable:
+                return f"writes= argument {name!r} is read-only"
+        return None
+
+    def call(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The slow path: decide, then run where decided (see the module docstring)."""
+        runtime = plan.runtime
+        assert runtime is not None
+        facts = scan(args, kwargs, plan.device_type)
+        decision = self.decide(plan, facts, args, kwargs)
+        fallback = self.options.fallback or runtime.config.fallback
+        if decision.refused and fallback == "raise":
+            raise GPUUnavailableError(f"{self.name}: {decision.reason} (fallback='raise')")
+        if decision.path == "cpu":
+            return self._run_on_cpu(plan, "cpu", decision.reason, args, kwargs)
+        assert decision.device is not None
+        try:
+            result, record = self._run_on_gpu(decision, facts.host_bytes, args, kwargs)
+        except Exception as error:
+            if not is_gpu_failure(error):
+                raise
+            summary = failure_summary(error)
+            if fallback == "raise":
+                raise OffloadError(f"{self.name}: GPU execution failed on device "
+                                   f"{decision.device} ({summary}); fallback='raise'") from error
+            reason = f"GPU failed ({summary}); re-ran on CPU"
+            _warn_once.warn(self.name, error, f"{self.name}: {reason}")
+            return self._run_on_cpu(plan, "fallback", reason, args, kwargs)
+        if plan.stats is not None:
+            runtime.telemetry.record(record)
+        return result
+
+    def _run_on_cpu(self, plan: _Plan, path: str, reason: str, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        started = time.perf_counter()
+        result = self.func(*args, **kwargs)
+        if plan.stats is not None:
+            assert plan.runtime is not None
+            plan.runtime.telemetry.record(CallRecord(
+                self.name, path, reason, seconds_compute=time.perf_counter() - started,
+                timestamp=time.time()))
+        return result
+
+    def _device_function(self) -> Callable[..., Any]:
+        if self._clone is None:
+            self._clone = device_clone(self.func, _device_mapper())
+        return self._clone
+
+    def _run_on_gpu(self, decision: Decision, bytes_to_device: int, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
+        import cupy
+
+        device_function = self._device_function()
+        with cupy.cuda.Device(decision.device):
+            stream = cupy.cuda.get_current_stream()
+            started = time.perf_counter()
+            device_args = map_arrays(args, np.ndarray, _to_device, CONTAINER_DEPTH + 1)
+            device_kwargs = map_arrays(kwargs, np.ndarray, _to_device, CONTAINER_DEPTH + 1)
+            stream.synchronize()
+            moved_in = time.perf_counter()
+            result = device_function(*device_args, **device_kwargs)
+            stream.synchronize()
+            computed = time.perf_counter()
+            write_backs = self._fetch_writes(args, kwargs, device_args, device_kwargs)
+            bytes_to_host = sum(host.nbytes for _, host in write_backs)
+            if self.options.returns == "host":
+                bytes_to_host += result_bytes(result, cupy.ndarray)
+                result = results_to_host(result, cupy.ndarray)
+            finished = time.perf_counter()
+        for original, host in write_backs:  # only after everything else succeeded
+            np.copyto(original, host)
+        record = CallRecord(
+            self.name, "gpu", decision.reason, decision.device,
+            bytes_to_device=bytes_to_device,
+            bytes_to_host=bytes_to_host,
+            seconds_to_device=moved_in - started, seconds_compute=computed - moved_in,
+            seconds_to_host=finished - computed, timestamp=time.time())
+        return result, record
+
+    def _fetch_writes(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      device_args: tuple[Any, ...], device_kwargs: dict[str, Any]
+                      ) -> list[tuple[np.ndarray, np.ndarray]]:
+        if self._signature is None:
+            return []
+        host_bound = self._signature.bind(*args, **kwargs).arguments
+        device_bound = self._signature.bind(*device_args, **device_kwargs).arguments
+        return [(host_bound[name], device_bound[name].get()) for name in self.options.writes]
+
+
+def _to_device(array: np.ndarray) -> Any:
+    import cupy
+
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return cupy.asarray(array)
+
+
+def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., Any]:
+    if not callable(func):
+        raise TypeError(f"@veda.gpu needs a callable; got {func!r} of type {type(func).__name__}")
+    offload = _Offload(func, options)
+    check_threshold = options.force is None
+
+    @functools.wraps(func)
+    def gpu_wrapper(*args: Any, **kwargs: Any) -> Any:
+        plan = offload.plan
+        if plan.runtime is not lifecycle.current:
+            plan = offload.refresh()
+        if forced_path.get() is None:
+            stats = plan.stats
+            if plan.always_cpu is not None:
+                if stats is not None:
+                    next(stats.fast_cpu_calls)
+                    stats.last = plan.always_cpu
+                return func(*args, **kwargs)
+            if check_threshold:
+                nbytes = host_bytes(args, kwargs, plan.device_type)
+                if nbytes < plan.threshold:
+                    if stats is not None:
+                        next(stats.fast_cpu_calls)
+                        stats.last = nbytes
+                    return func(*args, **kwargs)
+        return offload.call(plan, args, kwargs)
+
+    def explain(*args: Any, **kwargs: Any) -> Decision:
+        """The Decision a call with these arguments would get now, without running anything."""
+        plan = offload.plan if offload.plan.runtime is lifecycle.current else offload.refresh()
+        return offload.decide(plan, scan(args, kwargs, plan.device_type), args, kwargs)
+
+    gpu_wrapper.explain = explain  # type: ignore[attr-defined]
+    gpu_wrapper.gpu_options = options  # type: ignore[attr-defined]
+    return gpu_wrapper
+
+
+@overload
+def gpu(func: F, /) -> F: ...
+@overload
+def gpu(*, device: int | None = None, threshold: int | str | None = None,
+        force: str | None = None, fallback: str | None = None, writes: Iterable[str] = (),
+        returns: str = "host") -> Callable[[F], F]: ...
+
+
+def gpu(func: Callable[..., Any] | None = None, /, *, device: int | None = None,
+        threshold: int | str | None = None, force: str | None = None,
+        fallback: str | None = None, writes: Iterable[str] = (),
+        returns: str = "host") -> Any:
+    """Run ``func`` on the GPU when the cost model says it pays, else on the CPU as written.
+
+    Options (validated at decoration; a bad value raises ConfigError naming the option):
+      device: CUDA ordinal to use (default: a CuPy argument's device, else the configured
+        device with the most free memory).
+      threshold: bytes or size string overriding ``Config.offload_threshold`` for this function.
+      force: "cpu" or "gpu" for every call (``veda.force`` blocks take precedence).
+      fallback: "cpu" or "raise", overriding ``Config.fallback``.
+      writes: names of array parameters the function modifies in place; after a GPU run they
+        are copied back into the caller's arrays (other in-place writes are not propagated).
+      returns: "host" (NumPy results) or "device" (CuPy arrays kept on the device).
+
+    The wrapper keeps the function's name, docstring, signature and ``__wrapped__``; binds as a
+    method; is safe to call from many threads; pickles by reference; and has
+    ``explain(*args, **kwargs)`` returning the Decision a call would get.
+    """
+    options = OffloadOptions.validated(device, threshold, force, fallback, writes, returns)
+    if func is None:
+        return lambda inner: _wrap(inner, options)
+    return _wrap(func, options)

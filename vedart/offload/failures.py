@@ -1,0 +1,64 @@
+"""Telling GPU-specific failures from the user's own exceptions, and warning once about each.
+
+GPU-specific (the call is re-run on the CPU under ``fallback="cpu"``): exceptions whose class is
+defined by CuPy (out of memory, CUDA driver/runtime errors, cuBLAS/cuSOLVER errors, NVRTC
+compile errors), and ``TypeError`` / ``NotImplementedError`` / ``AttributeError`` raised inside
+CuPy or by NumPy's dispatch when CuPy has no implementation or refuses an implicit conversion.
+Everything else is the user's exception and propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+import warnings
+
+from vedart._logging import logger
+from vedart.errors import OffloadWarning
+
+_GPU_PACKAGES = ("cupy", "cupyx", "cupy_backends", "numba.cuda")
+_GPU_PATH_PARTS = ("/cupy/", "/cupyx/", "/cupy_backends/", "\\cupy\\", "\\cupyx\\")
+_MISSING_IMPLEMENTATION_TEXT = (
+    "no implementation found for",            # NumPy __array_function__ dispatch
+    "returned NotImplemented from __array_ufunc__",  # a ufunc CuPy lacks (np.spacing)
+    "Implicit conversion to a NumPy array",   # cupy.ndarray.__array__
+    "Unsupported type <class 'numpy.",        # CuPy refusing a NumPy operand
+)
+_RAISED_BY_LIBRARY = (TypeError, NotImplementedError, AttributeError)
+
+
+def is_gpu_failure(error: BaseException) -> bool:
+    """Whether ``error``, raised on the GPU path, is the GPU's fault rather than the user's."""
+    if type(error).__module__.startswith(_GPU_PACKAGES):
+        return True
+    if not isinstance(error, _RAISED_BY_LIBRARY):
+        return False
+    message = str(error)
+    if any(text in message for text in _MISSING_IMPLEMENTATION_TEXT):
+        return True
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and any(part in frames[-1].filename for part in _GPU_PATH_PARTS)
+
+
+def failure_summary(error: BaseException) -> str:
+    """A one-line description: the exception type and the first line of its message."""
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {first_line}"[:200]
+
+
+class WarnOnce:
+    """Warns (an :class:`OffloadWarning`, and on the ``vedart`` logger) the first time each
+    (function, kind of failure) is seen."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def warn(self, function: str, error: BaseException, message: str) -> None:
+        key = (function, type(error).__name__)
+        with self._lock:
+            if key in self._seen:
+                return
+            self._seen.add(key)
+        logger.warning(message)
+        warnings.warn(message, OffloadWarning, stacklevel=4)

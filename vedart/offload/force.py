@@ -1,0 +1,32 @@
+"""``veda.force("cpu" | "gpu")``: force the path of every @gpu call in a block (debugging)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from vedart.errors import ConfigError
+
+PATHS = ("cpu", "gpu")
+forced_path: ContextVar[str | None] = ContextVar("vedart_forced_path", default=None)
+
+
+def check_path(option: str, value: object) -> str | None:
+    """``value`` if it is None, "cpu" or "gpu"; else ConfigError naming ``option``."""
+    if value is not None and value not in PATHS:
+        raise ConfigError(f"{option}: got {value!r}; allowed: None, 'cpu' or 'gpu'")
+    return value  # type: ignore[return-value]
+
+
+@contextmanager
+def force(path: str) -> Iterator[None]:
+    """Within the block, @gpu calls in this thread (and tasks it starts with a copied context)
+    take ``path``; a GPU forced where none is usable follows the fallback setting."""
+    if path is None:
+        raise ConfigError("force: got None; allowed: 'cpu' or 'gpu'")
+    token = forced_path.set(check_path("force", path))
+    try:
+        yield
+    finally:
+        forced_path.reset(token)

@@ -1,0 +1,197 @@
+"""NumPy-to-device substitution for one function, without touching any shared module.
+
+``__array_function__`` / ``__array_ufunc__`` dispatch already sends ``np.mean(x)`` to CuPy when
+``x`` is a CuPy array. What does not dispatch -- ``np.zeros(n)``, ``np.random.random(n)``,
+``np.asarray(x)``, ``import numpy as np`` or ``from scipy.ndimage import convolve`` inside the
+function -- is handled by running a *clone* of the function whose globals map every name bound
+to a NumPy or SciPy module (or to a function of one) to its device twin, whose other globals are
+looked up live in the real module, and whose ``__import__`` hands out device twins for NumPy and
+SciPy imports. ``sys.modules``, ``builtins`` and the numpy module are never modified, so other
+threads running NumPy code are unaffected.
+
+Rules a user can rely on:
+- Only the decorated function's own code (and functions and lambdas defined inside it) sees the
+  substituted names; helpers it calls run on CuPy arrays through dispatch alone.
+- A name whose device twin lacks an attribute falls back to the NumPy attribute (then dispatch,
+  or a GPU failure that re-runs the call on the CPU).
+- A function that assigns or deletes module globals (``global x; x = ...``) is not cloned; it
+  runs with dispatch only, so its assignments reach the real module.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import functools
+import importlib
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+# Host package -> the package that holds its device twins (``scipy.ndimage`` -> ``cupyx.scipy.ndimage``).
+DEVICE_PACKAGES: dict[str, str] = {"numpy": "cupy", "scipy": "cupyx.scipy"}
+_GLOBAL_WRITES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
+
+
+class ModuleMapper:
+    """Finds the device twin of a host module by name; ``device_packages`` maps host root
+    packages to device packages (``{"numpy": "cupy"}``). Twins are imported on first use."""
+
+    def __init__(self, device_packages: Mapping[str, str]) -> None:
+        self._device_packages = dict(device_packages)
+        self._twins: dict[str, DeviceNamespace | None] = {}
+
+    def twin(self, host: types.ModuleType) -> DeviceNamespace | None:
+        """The namespace to use for ``host`` inside a clone, or None if it has no device twin."""
+        name = host.__name__
+        if name not in self._twins:
+            device_module = self._import_device(name)
+            self._twins[name] = None if device_module is None else \
+                DeviceNamespace(host, device_module, self)
+        return self._twins[name]
+
+    def _import_device(self, host_name: str) -> types.ModuleType | None:
+        root, _, rest = host_name.partition(".")
+        device_root = self._device_packages.get(root)
+        if device_root is None:
+            return None
+        try:
+            return importlib.import_module(f"{device_root}.{rest}" if rest else device_root)
+        except ImportError:
+            return None
+
+    def twin_of_value(self, value: Any) -> Any:
+        """The device twin of a module, or of a public function of a NumPy/SciPy module
+        (``from numpy import zeros``); ``value`` itself when there is none."""
+        if isinstance(value, types.ModuleType):
+            return self.twin(value) or value
+        module_name = getattr(value, "__module__", None)
+        name = getattr(value, "__name__", None)
+        if not isinstance(module_name, str) or not isinstance(name, str):
+            return value
+        if module_name.partition(".")[0] not in self._device_packages:
+            return value
+        public = ".".join(part for part in module_name.split(".") if not part.startswith("_"))
+        try:
+            host_module = importlib.import_module(public)
+        except ImportError:
+            return value
+        twin = self.twin(host_module)
+        if twin is None or getattr(host_module, name, None) is not value:
+            return value
+        return getattr(twin, name)
+
+    def import_hook(self, real_import: Callable[..., Any]) -> Callable[..., Any]:
+        """An ``__import__`` that imports for real and returns device twins for mapped packages."""
+
+        def device_import(name: str, globals: Any = None, locals: Any = None,
+                          fromlist: Any = (), level: int = 0) -> Any:
+            module = real_import(name, globals, locals, fromlist, level)
+            if level != 0 or name.partition(".")[0] not in self._device_packages:
+                return module
+            return self.twin(module) or module
+
+        return device_import
+
+
+class DeviceNamespace:
+    """A host module seen through its device twin: attributes come from the device module
+    when it has them, else from the host module; submodules are namespaces too."""
+
+    def __init__(self, host: types.ModuleType, device: types.ModuleType,
+                 mapper: ModuleMapper) -> None:
+        self.__host = host
+        self.__device = device
+        self.__mapper = mapper
+        self.__name__ = host.__name__
+
+    def __getattr__(self, name: str) -> Any:
+        host_value = getattr(self.__host, name, _MISSING)
+        if isinstance(host_value, types.ModuleType):
+            value: Any = self.__mapper.twin(host_value) or host_value
+        else:
+            value = getattr(self.__device, name, _MISSING)
+            if value is _MISSING:
+                if host_value is _MISSING:
+                    raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+                value = host_value
+        setattr(self, name, value)  # cache: the next lookup is a plain attribute read
+        return value
+
+    def __repr__(self) -> str:
+        return f"<{self.__name__} on device ({self.__device.__name__})>"
+
+
+_MISSING = object()
+
+
+class _CloneGlobals(dict):  # type: ignore[type-arg]
+    """Clone globals: substituted names are stored; every other name is read live from the
+    function's real module globals (CPython consults ``__missing__`` for non-exact dicts)."""
+
+    def __init__(self, substituted: dict[str, Any], module_globals: dict[str, Any]) -> None:
+        super().__init__(substituted)
+        self._module_globals = module_globals
+
+    def __missing__(self, name: str) -> Any:
+        return self._module_globals[name]
+
+
+def _code_objects(code: types.CodeType) -> list[types.CodeType]:
+    nested = [const for const in code.co_consts if isinstance(const, types.CodeType)]
+    return [code] + [inner for const in nested for inner in _code_objects(const)]
+
+
+def assigns_globals(func: types.FunctionType) -> bool:
+    """Whether ``func`` (or code nested in it) stores or deletes a module global."""
+    return any(instruction.opname in _GLOBAL_WRITES
+               for code in _code_objects(func.__code__)
+               for instruction in dis.get_instructions(code))
+
+
+def _clone_function(func: types.FunctionType, mapper: ModuleMapper,
+                    hooked_builtins: dict[str, Any]) -> types.FunctionType:
+    if assigns_globals(func):
+        return func
+    module_globals = func.__globals__
+    names = {name for code in _code_objects(func.__code__) for name in code.co_names}
+    substituted: dict[str, Any] = {"__builtins__": hooked_builtins}
+    for name in names & module_globals.keys():
+        value = module_globals[name]
+        twin = mapper.twin_of_value(value)
+        if twin is not value:
+            substituted[name] = twin
+    for key in ("__name__", "__package__", "__spec__", "__file__"):
+        if key in module_globals:
+            substituted[key] = module_globals[key]
+    clone = types.FunctionType(func.__code__, _CloneGlobals(substituted, module_globals),
+                               func.__name__, func.__defaults__, func.__closure__)
+    clone.__kwdefaults__ = func.__kwdefaults__
+    clone.__qualname__ = func.__qualname__
+    clone.__module__ = func.__module__
+    return clone
+
+
+def device_clone(func: Callable[..., Any], mapper: ModuleMapper) -> Callable[..., Any]:
+    """Return a callable that runs ``func`` with device substitution.
+
+    Plain functions and lambdas are cloned; bound methods and ``functools.partial`` objects
+    are rebuilt around a clone of the function they wrap; any other callable is returned
+    unchanged (dispatch only).
+    """
+    hooked_builtins = dict(vars(builtins))
+    hooked_builtins["__import__"] = mapper.import_hook(builtins.__import__)
+    return _clone_any(func, mapper, hooked_builtins)
+
+
+def _clone_any(func: Callable[..., Any], mapper: ModuleMapper,
+               hooked_builtins: dict[str, Any]) -> Callable[..., Any]:
+    if isinstance(func, types.FunctionType):
+        return _clone_function(func, mapper, hooked_builtins)
+    if isinstance(func, types.MethodType):
+        return types.MethodType(_clone_any(func.__func__, mapper, hooked_builtins),
+                                func.__self__)
+    if isinstance(func, functools.partial):
+        return functools.partial(_clone_any(func.func, mapper, hooked_builtins),
+                                 *func.args, **func.keywords)
+    return func

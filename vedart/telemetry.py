@@ -1,0 +1,157 @@
+"""Per-call records and per-function aggregates of @gpu decisions, timings and bytes moved.
+
+Memory is bounded: one :class:`FunctionStats` per decorated function plus a ring of the most
+recent :class:`CallRecord` objects. The @gpu fast path only bumps a counter and remembers the
+reason's parts (the text is formatted when read); with telemetry off nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from vedart.units import format_bytes
+
+PATHS = ("cpu", "gpu", "fallback")
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One call that went past the fast path. Seconds are wall-clock per phase; on the CPU
+    path only ``seconds_compute`` is measured."""
+
+    function: str
+    path: str
+    reason: str
+    device: int | None = None
+    bytes_to_device: int = 0
+    bytes_to_host: int = 0
+    seconds_to_device: float = 0.0
+    seconds_compute: float = 0.0
+    seconds_to_host: float = 0.0
+    timestamp: float = 0.0
+
+
+class FunctionStats:
+    """Aggregates of one function. Counters are exact under concurrent calls: the fast path
+    counts with ``itertools.count`` (atomic in CPython), the slow path under a lock."""
+
+    def __init__(self, name: str, threshold: int = 0) -> None:
+        self.name = name
+        self.threshold = threshold
+        self.fast_cpu_calls = itertools.count()  # advanced by the @gpu fast path
+        # The last decision: a CallRecord, a fixed fast-path reason, or the host bytes of a
+        # below-threshold fast-path call (formatted only when read).
+        self.last: CallRecord | str | int | None = None
+        self._lock = threading.Lock()
+        self._calls = dict.fromkeys(PATHS, 0)
+        self._bytes = {"to_device": 0, "to_host": 0}
+        self._seconds = {"to_device": 0.0, "compute": 0.0, "to_host": 0.0}
+
+    def add(self, record: CallRecord) -> None:
+        with self._lock:
+            self._calls[record.path] += 1
+            self.last = record
+            if record.path == "gpu":
+                self._bytes["to_device"] += record.bytes_to_device
+                self._bytes["to_host"] += record.bytes_to_host
+                self._seconds["to_device"] += record.seconds_to_device
+                self._seconds["compute"] += record.seconds_compute
+                self._seconds["to_host"] += record.seconds_to_host
+
+    def last_decision(self) -> tuple[str, str] | None:
+        """(path, reason) of the most recent call, or None before the first."""
+        last = self.last
+        if last is None:
+            return None
+        if isinstance(last, CallRecord):
+            return last.path, last.reason
+        if isinstance(last, int):
+            return "cpu", (f"below threshold: {format_bytes(last)} < "
+                           f"{format_bytes(self.threshold)}")
+        return "cpu", last
+
+    def as_dict(self) -> dict[str, Any]:
+        fast_cpu = _count_value(self.fast_cpu_calls)
+        with self._lock:
+            calls = dict(self._calls, cpu=self._calls["cpu"] + fast_cpu)
+            gpu_calls = max(calls["gpu"], 1)
+            moved_seconds = self._seconds["to_device"] + self._seconds["to_host"]
+            moved_bytes = self._bytes["to_device"] + self._bytes["to_host"]
+            mean = {phase: total / gpu_calls for phase, total in self._seconds.items()}
+            bytes_moved = dict(self._bytes)
+        last = self.last_decision()
+        return {
+            "function": self.name,
+            "calls": sum(calls.values()),
+            **{f"{path}_calls": count for path, count in calls.items()},
+            "mean_seconds_gpu": mean,
+            "bytes_to_device": bytes_moved["to_device"],
+            "bytes_to_host": bytes_moved["to_host"],
+            "transfer_gb_per_s": moved_bytes / moved_seconds / 1e9 if moved_seconds else None,
+            "last_path": None if last is None else last[0],
+            "last_reason": None if last is None else last[1],
+        }
+
+
+def _count_value(counter: itertools.count) -> int:  # type: ignore[type-arg]
+    # itertools.count has no read accessor; its repr is "count(N)".
+    return int(repr(counter)[len("count("):-1])
+
+
+class Telemetry:
+    """The runtime's telemetry: per-function stats and a bounded ring of recent records."""
+
+    def __init__(self, enabled: bool = True, recent_limit: int = 1024) -> None:
+        self.enabled = enabled
+        self._functions: dict[str, FunctionStats] = {}
+        self._lock = threading.Lock()
+        self._recent: deque[CallRecord] = deque(maxlen=recent_limit)
+
+    def function(self, name: str, threshold: int | None = None) -> FunctionStats:
+        """The stats of function ``name``, created on first use; ``threshold``, when given, is
+        the one its below-threshold reasons quote."""
+        with self._lock:
+            stats = self._functions.setdefault(name, FunctionStats(name))
+            if threshold is not None:
+                stats.threshold = threshold
+        return stats
+
+    def record(self, record: CallRecord) -> None:
+        self.function(record.function).add(record)
+        self._recent.append(record)
+
+    def recent(self) -> list[CallRecord]:
+        """The most recent slow-path records, oldest first."""
+        return list(self._recent)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything recorded, as JSON-friendly data."""
+        with self._lock:
+            functions = list(self._functions.values())
+        return {
+            "functions": [stats.as_dict() for stats in functions],
+            "recent": [asdict(record) for record in self.recent()],
+        }
+
+    def report(self) -> str:
+        """A per-function table: calls by path, mean GPU phase times, bytes moved, last reason."""
+        rows = self.snapshot()["functions"]
+        if not rows:
+            return "no @gpu calls recorded" + ("" if self.enabled else " (telemetry is off)")
+        header = (f"{'function':<32} {'calls':>6} {'gpu':>5} {'cpu':>5} {'fallbk':>6} "
+                  f"{'to-dev ms':>9} {'compute ms':>10} {'to-host ms':>10} {'moved':>9}  last decision")
+        lines = [header, "-" * len(header)]
+        for row in rows:
+            mean = row["mean_seconds_gpu"]
+            moved = format_bytes(row["bytes_to_device"] + row["bytes_to_host"])
+            lines.append(
+                f"{row['function'][-32:]:<32} {row['calls']:>6} {row['gpu_calls']:>5} "
+                f"{row['cpu_calls']:>5} {row['fallback_calls']:>6} "
+                f"{mean['to_device'] * 1e3:>9.3f} {mean['compute'] * 1e3:>10.3f} "
+                f"{mean['to_host'] * 1e3:>10.3f} {moved:>9}  {row['last_path']}: {row['last_reason']}"
+            )
+        return "\n".join(lines)
