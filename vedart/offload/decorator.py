@@ -27,6 +27,7 @@ import numpy as np
 from vedart import lifecycle
 from vedart.config import FIELD_SPECS
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
+from vedart.gpu.transfer import to_device, to_host
 from vedart.offload.arguments import (
     CONTAINER_DEPTH,
     ArgumentFacts,
@@ -245,8 +246,8 @@ class _Offload:
         with cupy.cuda.Device(decision.device):
             stream = cupy.cuda.get_current_stream()
             started = time.perf_counter()
-            device_args = map_arrays(args, np.ndarray, _to_device, CONTAINER_DEPTH + 1)
-            device_kwargs = map_arrays(kwargs, np.ndarray, _to_device, CONTAINER_DEPTH + 1)
+            device_args = map_arrays(args, np.ndarray, to_device, CONTAINER_DEPTH + 1)
+            device_kwargs = map_arrays(kwargs, np.ndarray, to_device, CONTAINER_DEPTH + 1)
             stream.synchronize()
             moved_in = time.perf_counter()
             result = device_function(*device_args, **device_kwargs)
@@ -275,15 +276,7 @@ class _Offload:
             return []
         host_bound = self._signature.bind(*args, **kwargs).arguments
         device_bound = self._signature.bind(*device_args, **device_kwargs).arguments
-        return [(host_bound[name], device_bound[name].get()) for name in self.options.writes]
-
-
-def _to_device(array: np.ndarray) -> Any:
-    import cupy
-
-    if not array.dtype.isnative:
-        array = array.astype(array.dtype.newbyteorder("="))
-    return cupy.asarray(array)
+        return [(host_bound[name], to_host(device_bound[name])) for name in self.options.writes]
 
 
 def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., Any]:

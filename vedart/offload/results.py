@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from vedart.gpu import transfer
 from vedart.offload.arguments import iter_arrays, map_arrays
 
 # Results are walked deeper than arguments: functions return nested structures more often.
@@ -17,7 +18,7 @@ RESULT_DEPTH = 8
 
 
 def device_array_to_host(array: Any) -> Any:
-    host = array.get()
+    host = transfer.to_host(array)
     return host[()] if host.ndim == 0 else host
 
 
