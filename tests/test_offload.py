@@ -431,3 +431,14 @@ def test_reinit_between_calls_uses_the_new_runtime() -> None:
     module_level_add(np.ones(3), np.ones(3))
     assert veda.get_runtime().telemetry.function(
         f"{__name__}.module_level_add").last_decision() == ("cpu", "GPU disabled by config")
+
+
+def test_prefer_device_steers_decisions_without_a_device_option() -> None:
+    from vedart.offload.force import prefer_device
+
+    probe = fake_gpu(count=2)
+    probe.free = {0: 20 * GIB, 1: 10 * GIB}
+    with prefer_device(1):
+        assert explain(big(4_000_000)).device == 1
+        assert explain(big(4_000_000), device=0).device == 0
+    assert explain(big(4_000_000)).device == 0

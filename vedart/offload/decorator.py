@@ -37,7 +37,7 @@ from vedart.offload.arguments import (
 )
 from vedart.offload.cost import Decision, Forcing, decide_static
 from vedart.offload.failures import WarnOnce, failure_summary, is_gpu_failure
-from vedart.offload.force import check_path, forced_path
+from vedart.offload.force import check_path, forced_path, preferred_device
 from vedart.offload.results import result_bytes, results_to_host
 from vedart.offload.substitute import DEVICE_PACKAGES, ModuleMapper, device_clone
 from vedart.telemetry import CallRecord, FunctionStats
@@ -175,7 +175,9 @@ class _Offload:
         assert runtime is not None
         decision = decide_static(
             facts, gpu=runtime.gpu, threshold=plan.threshold,
-            headroom=runtime.config.memory_headroom, device=self.options.device,
+            headroom=runtime.config.memory_headroom,
+            device=self.options.device if self.options.device is not None or facts.device_ordinals
+            else preferred_device.get(),
             forcing=self.forcing())
         if decision.path == "gpu" and self._signature is not None:
             problem = self._writes_problem(args, kwargs)

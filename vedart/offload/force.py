@@ -1,4 +1,6 @@
-"""``veda.force("cpu" | "gpu")``: force the path of every @gpu call in a block (debugging)."""
+"""Context that steers @gpu calls for a block of code: ``veda.force("cpu" | "gpu")`` forces
+the path (debugging); ``prefer_device(d)`` names the device a GPU decision uses when the
+function names none (the par_iter GPU lanes)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from vedart.errors import ConfigError
 
 PATHS = ("cpu", "gpu")
 forced_path: ContextVar[str | None] = ContextVar("vedart_forced_path", default=None)
+preferred_device: ContextVar[int | None] = ContextVar("vedart_preferred_device", default=None)
 
 
 def check_path(option: str, value: object) -> str | None:
@@ -30,3 +33,14 @@ def force(path: str) -> Iterator[None]:
         yield
     finally:
         forced_path.reset(token)
+
+
+@contextmanager
+def prefer_device(ordinal: int) -> Iterator[None]:
+    """Within the block, GPU decisions of @gpu functions without ``device=`` and without CuPy
+    arguments use device ``ordinal`` (its free memory is still checked)."""
+    token = preferred_device.set(ordinal)
+    try:
+        yield
+    finally:
+        preferred_device.reset(token)
