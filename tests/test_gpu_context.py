@@ -14,7 +14,13 @@ def test_available_context_reports_devices_and_memory_in_mib() -> None:
     assert gpu is not None and gpu and gpu.is_available() and gpu.unavailable_reason is None
     assert gpu.backend == "cupy" and gpu.device_count == 2
     assert [d.ordinal for d in gpu.devices] == [0, 1]
-    assert gpu.get_memory_stats() == {"used_mb": 70.0, "free_mb": 30.0, "total_mb": 100.0}
+    stats = gpu.get_memory_stats()
+    assert {k: stats[k] for k in ("used_mb", "free_mb", "total_mb")} == \
+        {"used_mb": 70.0, "free_mb": 30.0, "total_mb": 100.0}
+    assert set(stats) == {"used_mb", "free_mb", "total_mb", "pool_allocated_mb", "pool_cached_mb",
+                          "peak_allocated_mb", "fragmentation", "pinned_used_mb",
+                          "pinned_cached_mb"}
+    assert all(isinstance(value, float) and value >= 0 for value in stats.values())
     assert gpu.get_utilization(1) == 40.0
 
 

@@ -19,7 +19,7 @@ from vedart.offload.cost import Decision
 from vedart.offload.decorator import gpu
 from vedart.offload.force import force
 from vedart.offload.results import to_host
-from vedart.runtime import Runtime, report
+from vedart.runtime import Runtime, empty_cache, report
 
 __all__ = [
     "Config",
@@ -34,6 +34,7 @@ __all__ = [
     "Runtime",
     "VedaError",
     "__version__",
+    "empty_cache",
     "force",
     "get_runtime",
     "gpu",

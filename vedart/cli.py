@@ -18,7 +18,7 @@ from vedart.lifecycle import get_runtime
 from vedart.runtime import Runtime
 
 # bench suites: name -> module in vedart.bench with run(quick) -> dict and format_table(dict).
-BENCH_SUITES = ("overhead", "matmul")
+BENCH_SUITES = ("overhead", "matmul", "transfer")
 QUICK_BENCHMARKS = BENCH_SUITES  # what tools/gpu-check.sh runs with --quick
 
 # Distribution names to try for each component; the first one installed is reported.
@@ -127,7 +127,8 @@ def _bench(arguments: argparse.Namespace) -> int:
     from vedart.bench.harness import environment, write_json
 
     suite = importlib.import_module(f"vedart.bench.{arguments.suite}")
-    result = suite.run(quick=arguments.quick)
+    options = {"sweep": True} if arguments.sweep else {}
+    result = suite.run(quick=arguments.quick, **options)
     result["environment"] = environment(result.get("device_name"))
     header = result["environment"]
     print(f"vedart bench {arguments.suite} | {header['date']} | {header['device']} | "
@@ -148,13 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("suite", choices=BENCH_SUITES, help="which benchmark to run")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions")
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench.add_argument("--sweep", action="store_true",
+                       help="transfer suite: also sweep chunk size, buffers and threads")
     bench.set_defaults(handler=_bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for usage errors, 1 for vedart errors)."""
-    arguments = build_parser().parse_args(argv)
+    parser = build_parser()
+    arguments = parser.parse_args(argv)
+    if getattr(arguments, "sweep", False) and arguments.suite != "transfer":
+        parser.error("--sweep applies to the transfer suite only")
     try:
         return int(arguments.handler(arguments))
     except VedaError as error:

@@ -53,6 +53,14 @@ class Runtime:
 lifecycle.register_factory(Runtime)
 
 
+def empty_cache() -> None:
+    """Free cached device-pool blocks and vedart's cached pinned host memory (the current
+    runtime's); arrays still referenced keep their memory."""
+    gpu = lifecycle.get_runtime().gpu
+    if gpu:
+        gpu.empty_cache()
+
+
 def report(file: TextIO | None = None) -> None:
     """Print the current runtime's per-function @gpu table (calls by path, mean phase times,
     bytes moved, last decision and its reason)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from vedart.config import Config
 from vedart.errors import ConfigError, DeviceError, GPUUnavailableError
 from vedart.gpu.devices import CudaProbe, DeviceInfo, DeviceProbe
+from vedart.gpu.memory import DeviceMemory
+from vedart.gpu.transfer import TransferEngine
 
 MIB = 2**20
 
@@ -31,6 +33,12 @@ class GPUContext:
             self._probe.close()
             raise
         self._by_ordinal = {device.ordinal: device for device in self.devices}
+        self.transfers: TransferEngine | None = None
+        self.memory: DeviceMemory | None = None
+        if self.is_available():
+            self.transfers = TransferEngine(config.pinned_memory_limit)
+            self.memory = DeviceMemory([device.ordinal for device in self.devices],
+                                       config.gpu_memory_fraction)
 
     @property
     def device_count(self) -> int:
@@ -61,14 +69,34 @@ class GPUContext:
         return self._probe.free_and_total(ordinal)[0]
 
     def get_memory_stats(self, device: int | None = None) -> dict[str, float]:
-        """``used_mb``, ``free_mb`` and ``total_mb`` of ``device`` (None: the first configured)."""
+        """Memory of ``device`` (None: the first configured), in MiB unless noted:
+        ``used_mb``, ``free_mb``, ``total_mb`` (the whole device, NVML);
+        ``pool_allocated_mb``, ``pool_cached_mb``, ``peak_allocated_mb`` (CuPy's pool on this
+        device; peak since runtime creation or :meth:`reset_peak_memory`), ``fragmentation``
+        (cached-but-free / reserved, 0..1); ``pinned_used_mb``, ``pinned_cached_mb`` (vedart's
+        page-locked host memory, all devices)."""
         info = self.device(device)
         free, total = self._probe.free_and_total(info.ordinal)
+        assert self.memory is not None and self.transfers is not None
         return {
             "used_mb": max(total - free, 0) / MIB,
             "free_mb": free / MIB,
             "total_mb": total / MIB,
+            **self.memory.stats(info.ordinal),
+            **self.transfers.stats(),
         }
+
+    def reset_peak_memory(self) -> None:
+        """Restart ``peak_allocated_mb`` tracking from the current pool use."""
+        if self.memory is not None:
+            self.memory.reset_peak()
+
+    def empty_cache(self) -> None:
+        """Free cached device-pool blocks, idle staging buffers and cached pinned blocks.
+        Memory held by live arrays is untouched."""
+        if self.memory is not None and self.transfers is not None:
+            self.memory.empty_cache()
+            self.transfers.empty_cache()
 
     def get_utilization(self, device: int | None = None) -> float:
         """Percent of the last sample period the device was busy, in [0, 100], from NVML."""
@@ -76,7 +104,11 @@ class GPUContext:
         return min(max(self._probe.utilization_percent(info.ordinal), 0.0), 100.0)
 
     def close(self) -> None:
-        """Release NVML and other probe resources. Idempotent."""
+        """Release staging threads and buffers, pool settings and NVML. Idempotent."""
+        if self.transfers is not None:
+            self.transfers.close()
+        if self.memory is not None:
+            self.memory.close()
         self._probe.close()
 
 

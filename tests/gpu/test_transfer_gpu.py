@@ -1,0 +1,138 @@
+"""The transfer engine and memory management on the real GPU (``pytest -m gpu``)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import vedart as veda
+from vedart.gpu.transfer import TransferEngine, Tuning
+
+pytestmark = pytest.mark.gpu
+
+MB = 2**20
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+
+
+@pytest.fixture()
+def engine() -> Any:
+    # Small chunks and a low cutoff so modest arrays exercise the staged, multi-chunk path.
+    engine = TransferEngine(2 * 2**30, Tuning(direct_below=64 * 1024, chunk_bytes=256 * 1024,
+                                              buffers=3, threads=4))
+    yield engine
+    engine.close()
+
+
+def random_array(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=int(np.prod(shape)) * np.dtype(dtype).itemsize, dtype=np.uint8)
+    array = raw.view(dtype).reshape(shape)
+    if np.dtype(dtype).kind in "fc":  # keep NaN payloads out: compare bytes, not values
+        array = rng.standard_normal(shape).astype(dtype)
+    if dtype == "bool":
+        array = raw.astype(bool).reshape(shape)
+    return array
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(0,), (), (7,), (1000, 333), (3, 200_001)])
+def test_round_trip_is_byte_exact(engine: TransferEngine, dtype: str, shape: tuple[int, ...]) -> None:
+    host = random_array(dtype, shape, seed=len(shape) * 31 + np.dtype(dtype).num)
+    device = engine.to_device(host)
+    assert device.shape == host.shape and device.dtype == host.dtype
+    back = engine.to_host(device)
+    assert type(back) is np.ndarray and back.dtype == host.dtype and back.shape == host.shape
+    assert back.tobytes() == host.tobytes()
+
+
+@pytest.mark.parametrize("layout", ["fortran", "strided", "readonly", "bigendian", "broadcast"])
+def test_layouts_round_trip(engine: TransferEngine, layout: str) -> None:
+    base = np.random.default_rng(5).standard_normal((700, 900))
+    host = {
+        "fortran": np.asfortranarray(base),
+        "strided": base[:, ::3],
+        "readonly": base.copy(),
+        "bigendian": base.astype(">f8"),
+        "broadcast": np.broadcast_to(base[0], (700, 900)),
+    }[layout]
+    if layout == "readonly":
+        host.flags.writeable = False
+    before = host.copy()
+    back = engine.to_host(engine.to_device(host))
+    np.testing.assert_array_equal(back, host)
+    np.testing.assert_array_equal(host, before)  # the caller's array is only read
+    if layout == "fortran":
+        assert back.flags.f_contiguous
+
+
+def test_concurrent_transfers_from_8_threads(engine: TransferEngine) -> None:
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        import cupy
+
+        rng = np.random.default_rng(seed)
+        with cupy.cuda.Stream(non_blocking=True):
+            for round_ in range(50):
+                host = rng.standard_normal(int(rng.integers(1, 400_000)))
+                if not np.array_equal(engine.to_host(engine.to_device(host)), host):
+                    errors.append(f"thread {seed} round {round_}")
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
+def test_pinned_results_stay_under_the_limit_and_fall_back_to_pageable() -> None:
+    import cupy
+
+    engine = TransferEngine(8 * MB, Tuning(direct_below=64 * 1024, chunk_bytes=MB, buffers=2))
+    device = cupy.asarray(np.arange(3 * MB // 8, dtype=np.float64))
+    held = [engine.to_host(device) for _ in range(5)]  # 3 MiB each: only one fits beside the ring
+    assert all(np.array_equal(h, held[0]) for h in held)
+    assert engine.pinned.used_bytes <= 8 * MB
+    engine.close()
+
+
+def test_no_leak_after_1000_offloaded_calls() -> None:
+    import cupy
+
+    runtime = veda.init(veda.Config.builder().pinned_memory_limit("1GB").build())
+    assert runtime.gpu
+    f = veda.gpu(lambda x: x * 2 + 1)
+    x = np.random.default_rng().random(1_000_000)  # 8 MB: staged in, pinned out
+    np.testing.assert_allclose(f(x), x * 2 + 1)
+    gc.collect()
+    pool = cupy.get_default_memory_pool()
+    baseline_used = pool.used_bytes()
+    for _ in range(1000):
+        f(x)
+    gc.collect()
+    assert pool.used_bytes() == baseline_used
+    stats = runtime.gpu.get_memory_stats()
+    assert stats["pinned_used_mb"] * MB <= 10**9
+    assert stats["peak_allocated_mb"] >= 8_000_000 / MB
+    assert 0.0 <= stats["fragmentation"] <= 1.0
+    veda.empty_cache()
+    assert runtime.gpu.get_memory_stats()["pool_cached_mb"] == 0.0
+
+
+def test_gpu_memory_fraction_out_of_memory_falls_back_to_cpu() -> None:
+    runtime = veda.init(veda.Config.builder().gpu_memory_fraction(0.01).build())
+    assert runtime.gpu
+    limit_bytes = 0.01 * runtime.gpu.devices[0].total_memory
+    x = np.random.default_rng().random(int(limit_bytes * 0.4) // 8)  # fits; x*x*x temps do not
+    f = veda.gpu(lambda a: a * a * a + a * a)
+    with pytest.warns(veda.OffloadWarning, match="OutOfMemoryError"):
+        np.testing.assert_allclose(f(x), x * x * x + x * x)
+    last = runtime.telemetry.recent()[-1]
+    assert last.path == "fallback" and "OutOfMemoryError" in last.reason
+    veda.shutdown()  # lifts the pool limit for the tests that follow

@@ -1,0 +1,118 @@
+"""Transfer-engine logic that needs no GPU: chunk planning, size classes, pinned-limit
+accounting and block reuse, layout decisions."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+
+import numpy as np
+import pytest
+from fakes import FakeProbe
+
+import vedart as veda
+from vedart.gpu.pinned import PinnedPool, size_class
+from vedart.gpu.transfer import contiguous_layout, native_byte_order, plan_chunks
+
+
+class HostBlock:
+    """Ordinary (pageable) memory standing in for a pinned block."""
+
+    def __init__(self, size: int) -> None:
+        self.buffer = ctypes.create_string_buffer(size)
+        self.ptr = ctypes.addressof(self.buffer)
+        self.size = size
+
+
+def make_pool(limit: int) -> tuple[PinnedPool, list[int]]:
+    allocations: list[int] = []
+
+    def allocate(size: int) -> HostBlock:
+        allocations.append(size)
+        return HostBlock(size)
+
+    return PinnedPool(limit, allocate), allocations
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "chunk", "plan"),
+    [(10, 4, [(0, 4), (4, 4), (8, 2)]), (8, 4, [(0, 4), (4, 4)]), (3, 4, [(0, 3)]), (0, 4, [])],
+)
+def test_plan_chunks(nbytes: int, chunk: int, plan: list[tuple[int, int]]) -> None:
+    assert plan_chunks(nbytes, chunk) == plan
+
+
+def test_plan_chunks_covers_every_byte_once() -> None:
+    chunks = plan_chunks(100_000_007, 8 * 2**20)
+    assert sum(size for _, size in chunks) == 100_000_007
+    assert all(a + s == b for (a, s), (b, _) in zip(chunks, chunks[1:]))
+
+
+@pytest.mark.parametrize(("nbytes", "size"), [(1, 65536), (65537, 131072), (2**21, 2**21),
+                                              (2**21 + 1, 2**22), (100 * 2**20 + 5, 102 * 2**20)])
+def test_size_class(nbytes: int, size: int) -> None:
+    assert size_class(nbytes) == size
+
+
+def test_pinned_arrays_return_their_block_when_the_last_view_dies() -> None:
+    pool, allocations = make_pool(limit=8 * 2**20)
+    array = pool.array((1000, 3), np.dtype(np.float64))
+    assert array is not None and array.shape == (1000, 3) and array.flags.c_contiguous
+    array[...] = 1.5
+    view = array[10:20]
+    assert pool.used_bytes == size_class(24_000) and pool.cached_bytes == 0
+    del array
+    gc.collect()
+    assert pool.used_bytes == size_class(24_000)  # the view still holds the block
+    assert float(view.sum()) == 1.5 * 30
+    del view
+    gc.collect()
+    assert pool.used_bytes == 0 and pool.cached_bytes == size_class(24_000)
+    again = pool.array((10,), np.dtype(np.int64))  # same size class: reused, not allocated
+    assert again is not None and allocations == [size_class(24_000)]
+
+
+def test_pinned_limit_is_never_exceeded_and_cached_blocks_are_dropped_first() -> None:
+    pool, allocations = make_pool(limit=4 * 2**20)
+    first = pool.array((2**20,), np.dtype(np.uint8))           # 1 MiB class
+    second = pool.array((3 * 2**20,), np.dtype(np.uint8))      # 4 MiB class: over the limit
+    assert first is not None and second is None
+    del first
+    gc.collect()
+    assert pool.cached_bytes == 2**20
+    third = pool.array((3 * 2**20,), np.dtype(np.uint8))  # fits once the cache is dropped
+    assert third is not None and pool.cached_bytes == 0 and pool.used_bytes == 4 * 2**20
+    assert allocations == [2**20, 4 * 2**20]
+
+
+def test_fortran_order_pinned_array() -> None:
+    pool, _ = make_pool(limit=2**24)
+    array = pool.array((30, 40), np.dtype(np.float32), order="F")
+    assert array is not None and array.flags.f_contiguous and array.shape == (30, 40)
+
+
+def test_empty_cache_drops_cached_blocks() -> None:
+    pool, _ = make_pool(limit=2**24)
+    block = pool.take(100)
+    assert block is not None
+    pool.give_back(block)
+    pool.empty_cache()
+    assert pool.cached_bytes == 0 and pool.used_bytes == 0
+
+
+def test_layout_and_byte_order_decisions() -> None:
+    c = np.zeros((3, 4))
+    assert contiguous_layout(c) == "C" and contiguous_layout(np.asfortranarray(c)) == "F"
+    assert contiguous_layout(c[:, ::2]) is None
+    big_endian = np.arange(4, dtype=">i4")
+    native = native_byte_order(big_endian)
+    assert native.dtype.isnative and native.tolist() == [0, 1, 2, 3]
+    assert native_byte_order(c) is c
+
+
+def test_memory_stats_and_empty_cache_without_a_device_behind_the_probe() -> None:
+    runtime = veda.init(device_probe=FakeProbe())
+    assert runtime.gpu is not None
+    stats = runtime.gpu.get_memory_stats()
+    assert stats["pinned_used_mb"] == 0.0 and stats["pool_allocated_mb"] == 0.0
+    veda.empty_cache()  # nothing cached: must not raise

@@ -1,0 +1,149 @@
+"""``bench transfer``: host <-> device GB/s per size for the baseline (``cupy.asarray`` /
+``.get()``), the ceiling (pinned <-> device), and vedart's transfer engine; plus the end-to-end
+256 MB float32 elementwise function through @veda.gpu against plain CuPy transfers.
+
+Targets (issue: transfer engine), at >= 64 MB: host -> device >= 3x baseline and >= 60% of the
+pinned peak; device -> host >= 4x baseline and >= 70% of the peak; at 4 MB never slower than
+the baseline; end to end >= 4x. ``--sweep`` also times host -> device at 256 MB for chunk size,
+buffer count and thread count combinations (how the defaults in ``Tuning`` were chosen).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+import vedart as veda
+from vedart.bench.harness import median_seconds
+from vedart.gpu.transfer import TransferEngine, Tuning
+
+MB = 2**20
+SIZES_MB = (4, 64, 256, 1024)
+
+
+def _gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9
+
+
+def _elementwise(x: np.ndarray) -> np.ndarray:
+    return x * np.float32(2.0) + np.float32(1.0)
+
+
+def _size_row(cupy: Any, engine: TransferEngine, size_mb: int, repeats: int) -> dict[str, Any]:
+    nbytes = size_mb * MB
+    host = np.random.default_rng(size_mb).random(nbytes // 4, dtype=np.float32)
+    device = cupy.asarray(host)
+    pinned = engine.pinned.array(host.shape, host.dtype)
+    assert pinned is not None
+    pinned[...] = host
+    device_out = cupy.empty_like(device)
+    stream = cupy.cuda.get_current_stream()
+    sync = stream.synchronize
+    runtime = cupy.cuda.runtime
+
+    def pinned_h2d() -> None:
+        runtime.memcpyAsync(device_out.data.ptr, pinned.ctypes.data, nbytes,
+                            runtime.memcpyHostToDevice, stream.ptr)
+
+    def pinned_d2h() -> None:
+        runtime.memcpyAsync(pinned.ctypes.data, device.data.ptr, nbytes,
+                            runtime.memcpyDeviceToHost, stream.ptr)
+
+    timings = {
+        "h2d_baseline": median_seconds(lambda: cupy.asarray(host), repeats=repeats, synchronize=sync),
+        "h2d_peak": median_seconds(pinned_h2d, repeats=repeats, synchronize=sync),
+        "h2d_vedart": median_seconds(lambda: engine.to_device(host), repeats=repeats, synchronize=sync),
+        "d2h_baseline": median_seconds(device.get, repeats=repeats, synchronize=sync),
+        "d2h_peak": median_seconds(pinned_d2h, repeats=repeats, synchronize=sync),
+        "d2h_vedart": median_seconds(lambda: engine.to_host(device), repeats=repeats, synchronize=sync),
+    }
+    assert np.array_equal(cupy.asnumpy(engine.to_device(host)), host)
+    assert np.array_equal(engine.to_host(device), host)
+    row: dict[str, Any] = {"size_mb": size_mb}
+    row.update({f"{key}_gbps": round(_gbps(nbytes, seconds), 2) for key, seconds in timings.items()})
+    for way in ("h2d", "d2h"):
+        row[f"{way}_x_baseline"] = round(timings[f"{way}_baseline"] / timings[f"{way}_vedart"], 2)
+        row[f"{way}_of_peak"] = round(timings[f"{way}_peak"] / timings[f"{way}_vedart"], 3)
+    return row
+
+
+def _targets_met(row: dict[str, Any]) -> bool:
+    if row["size_mb"] < 64:
+        return row["h2d_x_baseline"] >= 1.0 and row["d2h_x_baseline"] >= 1.0
+    return (row["h2d_x_baseline"] >= 3.0 and row["h2d_of_peak"] >= 0.6
+            and row["d2h_x_baseline"] >= 4.0 and row["d2h_of_peak"] >= 0.7)
+
+
+def _end_to_end(cupy: Any, repeats: int) -> dict[str, Any]:
+    x = np.random.default_rng(7).random(256 * MB // 4, dtype=np.float32)
+
+    def plain_cupy() -> np.ndarray:
+        return _elementwise(cupy.asarray(x)).get()
+
+    wrapped = veda.gpu(_elementwise)
+    np.testing.assert_allclose(wrapped(x), _elementwise(x), rtol=1e-6)
+    plain_s = median_seconds(plain_cupy, repeats=repeats)
+    vedart_s = median_seconds(lambda: wrapped(x), repeats=repeats)
+    return {"plain_cupy_ms": round(plain_s * 1e3, 2), "vedart_ms": round(vedart_s * 1e3, 2),
+            "speedup": round(plain_s / vedart_s, 2), "meets_target": plain_s / vedart_s >= 4.0}
+
+
+def _sweep(cupy: Any, runtime_limit: int) -> list[dict[str, Any]]:
+    host = np.random.default_rng(3).random(256 * MB // 4, dtype=np.float32)
+    rows = []
+    for chunk_mb, buffers, threads in itertools.product((4, 8, 16, 32), (4, 8, 16), (4, 8, 12, 16)):
+        engine = TransferEngine(runtime_limit, Tuning(chunk_bytes=chunk_mb * MB, buffers=buffers,
+                                                      threads=threads))
+        seconds = median_seconds(lambda: engine.to_device(host), repeats=5,
+                                 synchronize=cupy.cuda.get_current_stream().synchronize)
+        rows.append({"chunk_mb": chunk_mb, "buffers": buffers, "threads": threads,
+                     "h2d_gbps": round(_gbps(host.nbytes, seconds), 2)})
+        engine.close()
+    return sorted(rows, key=lambda row: -row["h2d_gbps"])
+
+
+def run(quick: bool, sweep: bool = False) -> dict[str, Any]:
+    runtime = veda.init(veda.Config.builder().build())
+    result: dict[str, Any] = {"suite": "transfer", "sizes_mb": list(SIZES_MB)}
+    if not runtime.gpu:
+        result.update(device_name=None, note="no GPU: GPU columns n/a")
+        return result
+    import cupy
+
+    engine = runtime.gpu.transfers
+    assert engine is not None
+    repeats = 5 if quick else 11
+    rows = [_size_row(cupy, engine, size, repeats) for size in SIZES_MB]
+    for row in rows:
+        row["meets_targets"] = _targets_met(row)
+    result.update(device_name=runtime.gpu.devices[0].name, tuning=vars(engine.tuning),
+                  rows=rows, end_to_end_256mb_float32=_end_to_end(cupy, repeats))
+    if sweep:
+        result["sweep_h2d_256mb"] = _sweep(cupy, runtime.config.pinned_memory_limit)
+    veda.shutdown()
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    if "rows" not in result:
+        return result["note"]
+    lines = [f"{'MB':>5} | {'H2D GB/s: base':>14} {'peak':>6} {'vedart':>7} {'x base':>7} "
+             f"{'of peak':>7} | {'D2H GB/s: base':>14} {'peak':>6} {'vedart':>7} {'x base':>7} "
+             f"{'of peak':>7} | targets"]
+    for row in result["rows"]:
+        lines.append(
+            f"{row['size_mb']:>5} | {row['h2d_baseline_gbps']:>14.2f} {row['h2d_peak_gbps']:>6.2f} "
+            f"{row['h2d_vedart_gbps']:>7.2f} {row['h2d_x_baseline']:>7.2f} {row['h2d_of_peak']:>7.2f} | "
+            f"{row['d2h_baseline_gbps']:>14.2f} {row['d2h_peak_gbps']:>6.2f} "
+            f"{row['d2h_vedart_gbps']:>7.2f} {row['d2h_x_baseline']:>7.2f} {row['d2h_of_peak']:>7.2f} | "
+            f"{'ok' if row['meets_targets'] else 'MISSED'}")
+    e2e = result["end_to_end_256mb_float32"]
+    lines.append(f"256 MB float32 x*2+1 end to end: plain CuPy {e2e['plain_cupy_ms']} ms, "
+                 f"@veda.gpu {e2e['vedart_ms']} ms, {e2e['speedup']}x (target >= 4x) "
+                 f"{'ok' if e2e['meets_target'] else 'MISSED'}")
+    for row in result.get("sweep_h2d_256mb", [])[:8]:
+        lines.append(f"sweep: chunk {row['chunk_mb']} MB, {row['buffers']} buffers, "
+                     f"{row['threads']} threads: {row['h2d_gbps']} GB/s")
+    return "\n".join(lines)

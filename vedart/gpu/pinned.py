@@ -1,0 +1,102 @@
+"""A pool of page-locked (pinned) host memory, capped by ``Config.pinned_memory_limit``.
+
+Blocks are allocated with ``cudaHostAlloc(..., portable)`` (usable from every device), rounded
+to a size class, and reused. A block is handed out either as a staging buffer (held by the
+transfer engine) or as an ordinary ``numpy.ndarray`` whose memory returns to the pool when
+the array and every view of it have been garbage-collected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+MIB = 2**20
+_SMALL_CLASS = 64 * 1024  # blocks below 2 MiB round up to a power of two from here
+_LARGE_STEP = 2 * MIB     # blocks from 2 MiB round up to a multiple of this
+
+
+def size_class(nbytes: int) -> int:
+    """The block size that serves a request of ``nbytes`` (>= 1)."""
+    if nbytes >= _LARGE_STEP:
+        return -(-nbytes // _LARGE_STEP) * _LARGE_STEP
+    size = _SMALL_CLASS
+    while size < nbytes:
+        size *= 2
+    return size
+
+
+class PinnedPool:
+    """Pinned host blocks by size class, with ``used`` (handed out) + ``cached`` (free, kept)
+    never above ``limit`` bytes. Thread-safe. ``allocate(size)`` returns a block object with
+    ``ptr`` and ``size`` (default: ``cupy.cuda.PinnedMemory``, freed when dropped)."""
+
+    def __init__(self, limit: int, allocate: Callable[[int], Any] | None = None) -> None:
+        self.limit = limit
+        self._allocate = _allocate if allocate is None else allocate
+        self._lock = threading.Lock()
+        self._free: dict[int, list[Any]] = defaultdict(list)
+        self.used_bytes = 0
+        self.cached_bytes = 0
+
+    def take(self, nbytes: int) -> Any | None:
+        """A pinned block (an object with ``ptr`` and ``size``) of at least ``nbytes``, or None
+        when it would exceed the limit even after dropping cached blocks."""
+        size = size_class(nbytes)
+        with self._lock:
+            free = self._free[size]
+            if free:
+                self.cached_bytes -= size
+                self.used_bytes += size
+                return free.pop()
+            if self.used_bytes + self.cached_bytes + size > self.limit:
+                self._drop_cached_locked()
+                if self.used_bytes + size > self.limit:
+                    return None
+            self.used_bytes += size
+        try:
+            return self._allocate(size)
+        except Exception:
+            with self._lock:
+                self.used_bytes -= size
+            raise
+
+    def give_back(self, block: Any) -> None:
+        """Return a block from :meth:`take` to the cache."""
+        with self._lock:
+            self.used_bytes -= block.size
+            self.cached_bytes += block.size
+            self._free[block.size].append(block)
+
+    def array(self, shape: tuple[int, ...], dtype: np.dtype, order: str = "C") -> np.ndarray | None:
+        """An uninitialised ndarray in pinned memory (None past the limit); its block returns to
+        the pool when the array and all its views are gone."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        block = self.take(max(nbytes, 1))
+        if block is None:
+            return None
+        raw = (ctypes.c_char * max(nbytes, 1)).from_address(block.ptr)
+        weakref.finalize(raw, self.give_back, block)
+        flat = np.frombuffer(raw, dtype=np.uint8, count=nbytes)
+        return flat.view(dtype).reshape(shape, order=order)  # type: ignore[call-overload]
+
+    def empty_cache(self) -> None:
+        """Free every cached (not handed out) block."""
+        with self._lock:
+            self._drop_cached_locked()
+
+    def _drop_cached_locked(self) -> None:
+        self._free.clear()  # PinnedMemory frees its block when the last reference goes
+        self.cached_bytes = 0
+
+
+def _allocate(size: int) -> Any:
+    import cupy
+
+    return cupy.cuda.PinnedMemory(size, cupy.cuda.runtime.hostAllocPortable)
