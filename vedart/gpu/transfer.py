@@ -38,12 +38,13 @@ MIB = 2**20
 @dataclass(frozen=True)
 class Tuning:
     """Transfer parameters, chosen by ``python -m vedart bench transfer --sweep`` on the H100
-    (docs/performance.md records the sweep)."""
+    (2026-11-22: 4 MiB chunks, 16 buffers, 8 threads gave 40 GB/s at 256 MB, the best of 48
+    combinations; docs/performance.md records it)."""
 
     direct_below: int = 4 * MIB        # host -> device: smaller arrays use cupy.asarray
     pinned_result_from: int = 64 * 1024  # device -> host: from this size results are pinned
-    chunk_bytes: int = 8 * MIB
-    buffers: int = 8
+    chunk_bytes: int = 4 * MIB
+    buffers: int = 16
     threads: int = 8
 
 
