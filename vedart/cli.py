@@ -1,4 +1,5 @@
-"""``python -m vedart`` / ``vedart``: the command line. Subcommands: ``info``, ``bench``."""
+"""``python -m vedart`` / ``vedart``: the command line. Subcommands: ``info``, ``bench``,
+``calibrate``."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from vedart.lifecycle import get_runtime
 from vedart.runtime import Runtime
 
 # bench suites: name -> module in vedart.bench with run(quick) -> dict and format_table(dict).
-BENCH_SUITES = ("overhead", "matmul", "transfer")
-QUICK_BENCHMARKS = BENCH_SUITES  # what tools/gpu-check.sh runs with --quick
+BENCH_SUITES = ("ops", "overhead", "matmul", "transfer")
+QUICK_BENCHMARKS = ("overhead", "matmul", "transfer", "ops")  # tools/gpu-check.sh, --quick
 
 # Distribution names to try for each component; the first one installed is reported.
 COMPONENT_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -135,6 +136,16 @@ def _bench(arguments: argparse.Namespace) -> int:
           f"{header['cpu_count']} CPUs | vedart {header['vedart']}")
     print(suite.format_table(result))
     write_json(arguments.json, result)
+    if arguments.plot:
+        suite.plot(result, arguments.plot)
+        print(f"plot written to {arguments.plot}")
+    return 0
+
+
+def _calibrate(arguments: argparse.Namespace) -> int:
+    from vedart import calibrate
+
+    print(calibrate.format_summary(calibrate.run()))
     return 0
 
 
@@ -146,12 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print the same as JSON")
     info.set_defaults(handler=_info)
     bench = commands.add_parser("bench", help="benchmarks (medians, ratios within one run)")
-    bench.add_argument("suite", choices=BENCH_SUITES, help="which benchmark to run")
+    bench.add_argument("suite", nargs="?", default="ops", choices=BENCH_SUITES,
+                       help="which benchmark to run (default: ops)")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions")
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bench.add_argument("--sweep", action="store_true",
                        help="transfer suite: also sweep chunk size, buffers and threads")
+    bench.add_argument("--plot", metavar="FILE.png",
+                       help="ops suite: draw crossover curves (needs matplotlib)")
     bench.set_defaults(handler=_bench)
+    calibrate = commands.add_parser("calibrate", help="measure this machine for the adaptive "
+                                    "cost model and write its profile")
+    calibrate.set_defaults(handler=_calibrate)
     return parser
 
 
@@ -161,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     if getattr(arguments, "sweep", False) and arguments.suite != "transfer":
         parser.error("--sweep applies to the transfer suite only")
+    if getattr(arguments, "plot", None) and arguments.suite != "ops":
+        parser.error("--plot applies to the ops suite only")
     try:
         return int(arguments.handler(arguments))
     except VedaError as error:

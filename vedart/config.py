@@ -54,6 +54,7 @@ class Config:
       dask_address [None]: address of a Dask scheduler; None starts a local cluster.
       progress [False]: show progress bars in par_iter terminals.
       log_level [None]: level of the ``vedart`` logger; None leaves logging alone.
+      profile_path [None = user cache dir]: the adaptive cost model's profile file.
 
     ``sources`` maps each field to where its value came from: "default", "builder" or
     "env:VEDART_NAME". It does not take part in equality.
@@ -74,6 +75,7 @@ class Config:
     dask_address: str | None = None
     progress: bool = False
     log_level: str | None = None
+    profile_path: str | None = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -110,7 +112,8 @@ class FieldSpec:
 
     @property
     def env_var(self) -> str:
-        return "VEDART_" + {"offload_threshold": "THRESHOLD", "log_level": "LOG"}.get(
+        return "VEDART_" + {"offload_threshold": "THRESHOLD", "log_level": "LOG",
+                            "profile_path": "PROFILE"}.get(
             self.name, self.name.upper()
         )
 
@@ -210,7 +213,7 @@ def _check_choice(words: tuple[str, ...]) -> Callable[[Any], str]:
     return check
 
 
-def _check_optional_address(value: Any) -> str | None:
+def _check_optional_text(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
@@ -260,10 +263,12 @@ FIELD_SPECS: dict[str, FieldSpec] = {
         FieldSpec("pinned_memory_limit", ALLOWED_SIZE_TEXT, _check_size, _identity),
         _choice_spec("scheduler", ("threads", "dask")),
         FieldSpec("dask_address", "None or a non-empty address string such as "
-                  "'tcp://10.0.0.5:8786'", _check_optional_address, _identity),
+                  "'tcp://10.0.0.5:8786'", _check_optional_text, _identity),
         _bool_spec("progress"),
         FieldSpec("log_level", "None or one of " + ", ".join(LOG_LEVELS), _check_log_level,
                   _lower),
+        FieldSpec("profile_path", "None (the user cache dir) or a non-empty file path",
+                  _check_optional_text, _identity),
     )
 }
 
@@ -326,6 +331,9 @@ class ConfigBuilder:
 
     def log_level(self, level: str | None) -> ConfigBuilder:
         return self._set("log_level", level)
+
+    def profile_path(self, path: str | None) -> ConfigBuilder:
+        return self._set("profile_path", path)
 
     def build(self, environ: Mapping[str, str] | None = None) -> Config:
         """Return the Config: builder values, else ``VEDART_*`` from ``environ``

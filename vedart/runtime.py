@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from vedart import lifecycle
@@ -10,18 +11,21 @@ from vedart._logging import apply_log_level, logger
 from vedart.config import Config
 from vedart.gpu.context import GPUContext
 from vedart.gpu.devices import DeviceProbe
+from vedart.offload.adaptive import AdaptiveModel
+from vedart.offload.profile import ProfileFile, default_profile_path
 from vedart.telemetry import Telemetry
 
 # Config values accepted now whose machinery lands later; the runtime says so instead of
 # silently behaving otherwise.
-_NOT_YET_IMPLEMENTED = {("cost_model", "adaptive"): "static", ("scheduler", "dask"): "threads"}
+_NOT_YET_IMPLEMENTED = {("scheduler", "dask"): "threads"}
 
 
 class Runtime:
     """Owns the configuration and the resources built from it.
 
     ``gpu`` is a :class:`GPUContext` (falsy when no GPU is usable, with the reason), or
-    ``None`` when the configuration disables the GPU. ``telemetry`` records @gpu calls.
+    ``None`` when the configuration disables the GPU. ``telemetry`` records @gpu calls;
+    ``cost_model`` is the adaptive model (None under the static rule).
     """
 
     def __init__(self, config: Config, *, device_probe: DeviceProbe | None = None) -> None:
@@ -32,6 +36,12 @@ class Runtime:
                 logger.warning("%s=%r is not implemented yet; using %r", name, value, used)
         self.telemetry = Telemetry(enabled=config.telemetry)
         self.gpu: GPUContext | None = GPUContext(config, device_probe) if config.gpu else None
+        self.cost_model: AdaptiveModel | None = None
+        if config.cost_model == "adaptive":
+            gpu_name = self.gpu.devices[0].name if self.gpu else None
+            path = Path(config.profile_path) if config.profile_path else \
+                default_profile_path(gpu_name)
+            self.cost_model = AdaptiveModel(ProfileFile(path, gpu_name))
         self._closed = False
         if self.gpu is not None and not self.gpu.is_available():
             logger.info("GPU unavailable: %s; @gpu functions run on the CPU",
@@ -46,6 +56,8 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        if self.cost_model is not None:
+            self.cost_model.save()
         if self.gpu is not None:
             self.gpu.close()
 

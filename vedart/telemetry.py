@@ -8,9 +8,12 @@ reason's parts (the text is formatted when read); with telemetry off nothing is 
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from vedart.units import format_bytes
@@ -137,21 +140,29 @@ class Telemetry:
             "recent": [asdict(record) for record in self.recent()],
         }
 
+    def export_json(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`snapshot` as JSON: a performance report to attach to a bug."""
+        Path(path).write_text(json.dumps(self.snapshot(), indent=2) + "\n")
+
     def report(self) -> str:
         """A per-function table: calls by path, mean GPU phase times, bytes moved, last reason."""
         rows = self.snapshot()["functions"]
         if not rows:
             return "no @gpu calls recorded" + ("" if self.enabled else " (telemetry is off)")
         header = (f"{'function':<32} {'calls':>6} {'gpu':>5} {'cpu':>5} {'fallbk':>6} "
-                  f"{'to-dev ms':>9} {'compute ms':>10} {'to-host ms':>10} {'moved':>9}  last decision")
+                  f"{'to-dev ms':>9} {'compute ms':>10} {'to-host ms':>10} {'moved':>9} "
+                  f"{'GB/s':>6}  last decision")
         lines = [header, "-" * len(header)]
         for row in rows:
             mean = row["mean_seconds_gpu"]
             moved = format_bytes(row["bytes_to_device"] + row["bytes_to_host"])
+            gbps = row["transfer_gb_per_s"]
+            rate = "-" if gbps is None else f"{gbps:.1f}"
             lines.append(
                 f"{row['function'][-32:]:<32} {row['calls']:>6} {row['gpu_calls']:>5} "
                 f"{row['cpu_calls']:>5} {row['fallback_calls']:>6} "
                 f"{mean['to_device'] * 1e3:>9.3f} {mean['compute'] * 1e3:>10.3f} "
-                f"{mean['to_host'] * 1e3:>10.3f} {moved:>9}  {row['last_path']}: {row['last_reason']}"
+                f"{mean['to_host'] * 1e3:>10.3f} {moved:>9} {rate:>6}  "
+                f"{row['last_path']}: {row['last_reason']}"
             )
         return "\n".join(lines)

@@ -29,12 +29,14 @@ SUPPORTED_DTYPES = frozenset(
 @dataclass(frozen=True)
 class Decision:
     """Where one call runs and why. ``refused`` marks a GPU that was asked for (forced, or a
-    named device) but cannot be used, which ``fallback="raise"`` turns into an error."""
+    named device) but cannot be used, which ``fallback="raise"`` turns into an error;
+    ``model`` is the cost model that chose ("static" or "adaptive")."""
 
     path: str
     reason: str
     device: int | None = None
     refused: bool = False
+    model: str = "static"
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from vedart import lifecycle
 from vedart.config import FIELD_SPECS
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
 from vedart.gpu.transfer import to_device, to_host
+from vedart.offload.adaptive import ADAPTIVE_FLOOR, function_key, signature_of
 from vedart.offload.arguments import (
     CONTAINER_DEPTH,
     ArgumentFacts,
@@ -121,6 +122,8 @@ class _Offload:
         self.func = func
         self.options = options
         self.name = _qualified_name(func)
+        self.key = function_key(func, self.name)
+        self._gpu_warm = False
         self.plan = _Plan(runtime=_NEVER_CURRENT)
         self._clone: Callable[..., Any] | None = None
         self._signature: inspect.Signature | None = None
@@ -149,8 +152,12 @@ class _Offload:
             import cupy
 
             device_type = cupy.ndarray
-        threshold = config.offload_threshold if self.options.threshold is None \
-            else self.options.threshold
+        if self.options.threshold is not None:
+            threshold = self.options.threshold
+        elif runtime.cost_model is not None and config.sources["offload_threshold"] == "default":
+            threshold = ADAPTIVE_FLOOR
+        else:
+            threshold = config.offload_threshold
         self.plan = _Plan(
             runtime=runtime,
             always_cpu=always_cpu,
@@ -179,6 +186,13 @@ class _Offload:
             device=self.options.device if self.options.device is not None or facts.device_ordinals
             else preferred_device.get(),
             forcing=self.forcing())
+        model = runtime.cost_model
+        if (model is not None and decision.path == "gpu" and self.forcing() is None
+                and not facts.device_ordinals):
+            path, reason = model.choose(self.key, signature_of(facts.host_arrays),
+                                        facts.host_bytes)
+            decision = Decision(path, reason, decision.device if path == "gpu" else None,
+                                model="adaptive")
         if decision.path == "gpu" and self._signature is not None:
             problem = self._writes_problem(args, kwargs)
             if problem is not None:
@@ -206,10 +220,15 @@ class _Offload:
         if decision.refused and fallback == "raise":
             raise GPUUnavailableError(f"{self.name}: {decision.reason} (fallback='raise')")
         if decision.path == "cpu":
-            return self._run_on_cpu(plan, "cpu", decision.reason, args, kwargs)
+            started = time.perf_counter()
+            result = self._run_on_cpu(plan, "cpu", decision.reason, args, kwargs)
+            self._learn(runtime, decision, facts, time.perf_counter() - started)
+            return result
         assert decision.device is not None
         try:
+            started = time.perf_counter()
             result, record = self._run_on_gpu(decision, facts.host_bytes, args, kwargs)
+            self._learn(runtime, decision, facts, time.perf_counter() - started)
         except Exception as error:
             if not is_gpu_failure(error):
                 raise
@@ -219,10 +238,25 @@ class _Offload:
                                    f"{decision.device} ({summary}); fallback='raise'") from error
             reason = f"GPU failed ({summary}); re-ran on CPU"
             _warn_once.warn(self.name, error, f"{self.name}: {reason}")
-            return self._run_on_cpu(plan, "fallback", reason, args, kwargs)
+            result = self._run_on_cpu(plan, "fallback", reason, args, kwargs)
+            # A failed GPU attempt costs its time plus the re-run: learn it as the GPU's time.
+            self._learn(runtime, decision, facts, time.perf_counter() - started)
+            return result
         if plan.stats is not None:
             runtime.telemetry.record(record)
         return result
+
+    def _learn(self, runtime: Runtime, decision: Decision, facts: ArgumentFacts,
+               seconds: float) -> None:
+        """Feed the adaptive model the end-to-end time of a call it chose; the first GPU run of
+        each function (clone, kernel compilation) is warm-up and not learned from."""
+        if runtime.cost_model is None or decision.model != "adaptive":
+            return
+        if decision.path == "gpu" and not self._gpu_warm:
+            self._gpu_warm = True
+            return
+        runtime.cost_model.observe(self.key, signature_of(facts.host_arrays), facts.host_bytes,
+                                   decision.path, seconds)
 
     def _run_on_cpu(self, plan: _Plan, path: str, reason: str, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:

@@ -1,0 +1,184 @@
+"""The adaptive cost model on synthetic timing feeds, through its own interface."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fakes import FakeProbe
+
+import vedart as veda
+from vedart.offload.adaptive import (
+    ADAPTIVE_FLOOR,
+    CLEARLY_WORSE,
+    EXPLORE_TRIES,
+    AdaptiveModel,
+    Calibration,
+    function_key,
+    signature_of,
+    size_bucket,
+)
+from vedart.offload.profile import ProfileFile
+
+MB = 10**6
+SIG = "<f4:1"
+
+
+def feed(model: AdaptiveModel, nbytes: int, times: dict[str, float], calls: int,
+         key: str = "f") -> list[str]:
+    """Run ``calls`` decisions, answering each chosen path with its synthetic time."""
+    chosen = []
+    for _ in range(calls):
+        path, _ = model.choose(key, SIG, nbytes)
+        model.observe(key, SIG, nbytes, path, times[path])
+        chosen.append(path)
+    return chosen
+
+
+def test_explores_both_paths_boundedly_then_exploits_the_faster() -> None:
+    model = AdaptiveModel()
+    chosen = feed(model, 16 * MB, {"cpu": 0.010, "gpu": 0.008}, calls=20)
+    assert chosen[:2 * EXPLORE_TRIES].count("cpu") == EXPLORE_TRIES
+    assert chosen[:2 * EXPLORE_TRIES].count("gpu") == EXPLORE_TRIES
+    assert set(chosen[2 * EXPLORE_TRIES:]) == {"gpu"}
+
+
+def test_stops_exploring_a_clearly_worse_path_after_one_sample() -> None:
+    model = AdaptiveModel(calibration=Calibration(cpu_bytes_per_s=1e12))  # prior: cpu first
+    chosen = feed(model, 16 * MB, {"cpu": 0.001, "gpu": 0.001 * (CLEARLY_WORSE + 1)}, calls=10)
+    assert chosen.count("gpu") == 1 and chosen[-1] == "cpu"
+
+
+def test_reason_strings() -> None:
+    model = AdaptiveModel()
+    path, reason = model.choose("f", SIG, 16 * MB)
+    assert reason == f"adaptive: exploring {path} at ~16.0 MB (0 of {EXPLORE_TRIES} tries)"
+    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=6)
+    assert model.choose("f", SIG, 16 * MB) == (
+        "gpu", "adaptive: gpu 3.1 ms vs cpu 9.8 ms at ~16.0 MB (6 samples)")
+
+
+def test_generalises_to_an_unseen_size_from_fits_over_other_sizes() -> None:
+    model = AdaptiveModel()
+    for nbytes in (1 * MB, 4 * MB, 16 * MB):  # cpu 1 ms/MB; gpu 0.2 ms + 0.1 ms/MB
+        feed(model, nbytes, {"cpu": nbytes / MB * 1e-3, "gpu": 2e-4 + nbytes / MB * 1e-4}, 6)
+    path, reason = model.choose("f", SIG, 64 * MB)  # never seen: fits say gpu 10x faster
+    assert path == "gpu" and "exploring" in reason
+    model.observe("f", SIG, 64 * MB, "gpu", 2e-4 + 64 * 1e-4)
+    feed(model, 64 * MB, {"cpu": 0.064, "gpu": 2e-4 + 64 * 1e-4}, calls=3)
+    assert model.choose("f", SIG, 64 * MB)[0] == "gpu"
+    # cpu was never tried at 64 MB: its fit predicts it clearly worse
+    assert model._samples("f", SIG, size_bucket(64 * MB))["cpu"] == []
+
+
+def test_sizes_share_a_bucket_per_power_of_two() -> None:
+    assert size_bucket(16 * 2**20) == size_bucket(31 * 2**20) != size_bucket(32 * 2**20)
+
+
+def test_signature_and_function_key() -> None:
+    assert signature_of([np.ones((2, 2), np.float32), np.ones(3)]) == "<f4:2,<f8:1"
+
+    def f(x: np.ndarray) -> np.ndarray:
+        return x
+
+    def g(x: np.ndarray) -> np.ndarray:
+        return x + 1
+
+    assert function_key(f, "m.f") != function_key(g, "m.f")
+    assert function_key(f, "m.f").startswith("m.f@")
+
+
+def test_persistence_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    model = AdaptiveModel(ProfileFile(path, "Fake GPU"))
+    feed(model, 16 * MB, {"cpu": 0.010, "gpu": 0.002}, calls=6)
+    model.set_calibration(Calibration(cpu_bytes_per_s=7e9))
+    model.save()
+    reloaded = AdaptiveModel(ProfileFile(path, "Fake GPU"))
+    assert reloaded.calibration.cpu_bytes_per_s == 7e9
+    assert reloaded.choose("f", SIG, 16 * MB)[0] == "gpu"
+    assert "exploring" not in reloaded.choose("f", SIG, 16 * MB)[1]
+    assert not list(tmp_path.glob(".profile-*"))  # no temporary files left behind
+
+
+def test_corrupted_profile_is_ignored_with_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    path.write_text("{not json")
+    with pytest.warns(RuntimeWarning, match="ignoring the cost-model profile .* unreadable"):
+        model = AdaptiveModel(ProfileFile(path, "Fake GPU"))
+    assert "exploring" in model.choose("f", SIG, MB)[1]
+    model.save()
+    assert json.loads(path.read_text())["gpu"] == "Fake GPU"
+
+
+def test_foreign_profile_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    ProfileFile(path, "Other GPU").save({"calibration": None, "functions": {"f": {}}})
+    with pytest.warns(RuntimeWarning, match="written for 'Other GPU'"):
+        model = AdaptiveModel(ProfileFile(path, "Fake GPU"))
+    assert model.choose("f", SIG, MB)[1].startswith("adaptive: exploring")
+
+
+def test_concurrent_updates_keep_a_bounded_consistent_history(tmp_path: Path) -> None:
+    model = AdaptiveModel(ProfileFile(tmp_path / "p.json", "Fake GPU"))
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(300):
+            nbytes = int(rng.integers(MB, 64 * MB))
+            path, _ = model.choose("f", SIG, nbytes)
+            model.observe("f", SIG, nbytes, path, float(rng.random()) * 1e-3)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    model.save()
+    stored = json.loads((tmp_path / "p.json").read_text())["functions"]["f"]
+    assert all(len(s["cpu"]) <= 8 and len(s["gpu"]) <= 8 for s in stored.values())
+
+
+def test_runtime_uses_the_adaptive_model_above_its_floor(tmp_path: Path) -> None:
+    config = veda.Config.builder().cost_model("adaptive").profile_path(
+        str(tmp_path / "p.json")).build()
+    runtime = veda.init(config, device_probe=FakeProbe())
+    assert runtime.cost_model is not None
+    f = veda.gpu(lambda x: x)
+    below = f.explain(np.ones(ADAPTIVE_FLOOR // 8 - 1))
+    assert below.model == "static" and below.reason.startswith("below threshold")
+    above = f.explain(np.ones(ADAPTIVE_FLOOR // 8))
+    assert above.model == "adaptive" and above.reason.startswith("adaptive: exploring")
+    with veda.force("gpu"):
+        assert f.explain(np.ones(ADAPTIVE_FLOOR // 8)).model == "static"
+
+
+def test_explicit_threshold_is_kept_under_the_adaptive_model(tmp_path: Path) -> None:
+    config = veda.Config.builder().cost_model("adaptive").offload_threshold("8MB").profile_path(
+        str(tmp_path / "p.json")).build()
+    veda.init(config, device_probe=FakeProbe())
+    assert veda.gpu(lambda x: x).explain(np.ones(10**5)).reason == \
+        "below threshold: 800.0 KB < 8.0 MB"
+
+
+def test_cpu_calls_chosen_by_the_model_are_learned(tmp_path: Path) -> None:
+    config = veda.Config.builder().cost_model("adaptive").profile_path(
+        str(tmp_path / "p.json")).build()
+    runtime = veda.init(config, device_probe=FakeProbe())
+    model = runtime.cost_model
+    assert model is not None
+
+    @veda.gpu
+    def total(x: np.ndarray) -> float:
+        return float(x.sum())
+
+    x = np.ones(10**6)
+    key = function_key(total.__wrapped__, f"{__name__}.{total.__qualname__}")
+    with pytest.warns(veda.OffloadWarning):  # gpu tries fail for real here (no driver)
+        for _ in range(6):
+            assert total(x) == 1e6
+    samples = model._samples(key, signature_of([x]), size_bucket(x.nbytes))
+    assert len(samples["cpu"]) >= EXPLORE_TRIES

@@ -1,0 +1,76 @@
+"""Benchmarks and calibration on a CPU-only machine: they run, mark GPU figures n/a, and their
+outputs have the documented shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import vedart as veda
+from vedart import calibrate
+from vedart.bench import ops, overhead
+from vedart.cli import main
+
+
+def test_ops_suite_runs_without_a_gpu_and_reports_regret() -> None:
+    veda.init(veda.Config.builder().gpu(False).build())
+    result = ops.run(quick=True, sizes=(64 * 1024,))
+    assert [row["op"] for row in result["rows"]] == list(ops.OPS)
+    for row in result["rows"]:
+        assert row["oracle_s"] == row["cpu_s"] and "cupy_s" not in row
+        assert row["static_regret"] > 0 and row["adaptive_regret"] > 0
+    assert result["summary"]["meets_target"] is None
+    text = ops.format_table(result)
+    assert "target (adaptive): geomean <= 1.05, worst <= 1.5: n/a (no GPU)" in text
+
+
+def test_ops_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    result = ops.run(quick=True, sizes=(64 * 1024, 128 * 1024))
+    ops.plot(result, str(tmp_path / "ops.png"))
+    assert (tmp_path / "ops.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_overhead_suite_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "overhead", "--quick", "--json", str(tmp_path / "o.json")]) == 0
+    data = json.loads((tmp_path / "o.json").read_text())
+    assert data["suite"] == "overhead" and data["target_ns"] == overhead.TARGET_NS
+    assert {row["case"].split(" (")[0] for row in data["rows"]} >= {"GPU disabled by config"}
+    assert all(row["reason"] for row in data["rows"])
+    assert data["environment"]["vedart"] == veda.__version__
+    assert "target <= 1000 ns" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["bench", "overhead", "--sweep"], "--sweep applies to the transfer suite only"),
+    (["bench", "transfer", "--plot", "x.png"], "--plot applies to the ops suite only"),
+    (["bench", "nope"], "invalid choice: 'nope'"),
+])
+def test_bench_usage_errors(args: list[str], message: str,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(args)
+    assert caught.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_calibrate_on_cpu_writes_the_profile(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.json"
+    veda.init(veda.Config.builder().gpu(False).profile_path(str(profile)).build())
+    result = calibrate.run()
+    assert result["measured"] == ["cpu_bytes_per_s"] and result["profile"] == str(profile)
+    stored = json.loads(profile.read_text())
+    assert stored["calibration"]["cpu_bytes_per_s"] == result["calibration"]["cpu_bytes_per_s"] > 0
+    assert "(default: not measured without a GPU)" in calibrate.format_summary(result)
+
+
+def test_export_json_schema(tmp_path: Path) -> None:
+    runtime = veda.init(veda.Config.builder().gpu(False).build())
+    veda.gpu(lambda x: x)(1)
+    runtime.telemetry.export_json(tmp_path / "t.json")
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert set(data) == {"functions", "recent"}
+    assert set(data["functions"][0]) == {
+        "function", "calls", "cpu_calls", "gpu_calls", "fallback_calls", "mean_seconds_gpu",
+        "bytes_to_device", "bytes_to_host", "transfer_gb_per_s", "last_path", "last_reason"}

@@ -1,0 +1,181 @@
+"""``bench ops``: operations x sizes; CPU, hand-written CuPy end to end, vedart static, vedart
+adaptive (after warm-up), and the oracle (the faster of CPU and CuPy) with each path's regret
+(its time / the oracle's) and their geometric means.
+
+Target (issue: adaptive cost model), on the lent GPU: adaptive geometric-mean regret <= 1.05 and
+worst case <= 1.5, the static rule's figures from the same run beside it.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import vedart as veda
+from vedart.bench.harness import median_seconds
+from vedart.offload.adaptive import EXPLORE_TRIES
+
+KB = 1024
+SIZES = (64 * KB, 256 * KB, 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20)
+QUICK_SIZES = (256 * KB, 4 * 2**20, 64 * 2**20)
+WARMUP_CALLS = 2 * EXPLORE_TRIES + 2  # explore both paths, plus the unlearned first GPU run
+
+
+def sum_f64(x: np.ndarray) -> Any:
+    return x.sum()
+
+
+def elementwise_f32(x: np.ndarray) -> Any:
+    return x * np.float32(2.0) + np.float32(1.0)
+
+
+def matmul_f32(x: np.ndarray) -> Any:
+    return x @ x
+
+
+def fft_f32(x: np.ndarray) -> Any:
+    return np.fft.fft(x)
+
+
+def sort_f32(x: np.ndarray) -> Any:
+    return np.sort(x)
+
+
+def normalize_f64(x: np.ndarray) -> Any:
+    return (x - x.mean()) / x.std()
+
+
+def exp_sum_f32(x: np.ndarray) -> Any:
+    return np.exp(x).sum()
+
+
+OPS: dict[str, tuple[Callable[[np.ndarray], Any], str, int]] = {
+    # name: (function, dtype, rank)
+    "sum_f64": (sum_f64, "float64", 1),
+    "elementwise_f32": (elementwise_f32, "float32", 1),
+    "matmul_f32": (matmul_f32, "float32", 2),
+    "fft_f32": (fft_f32, "float32", 1),
+    "sort_f32": (sort_f32, "float32", 1),
+    "normalize_f64": (normalize_f64, "float64", 1),
+    "exp_sum_f32": (exp_sum_f32, "float32", 1),
+}
+
+
+def make_input(dtype: str, rank: int, nbytes: int, seed: int) -> np.ndarray:
+    count = nbytes // np.dtype(dtype).itemsize
+    rng = np.random.default_rng(seed)
+    if rank == 2:
+        side = int(math.isqrt(count))
+        return rng.standard_normal((side, side)).astype(dtype)
+    return rng.standard_normal(count).astype(dtype)
+
+
+def _case_times(func: Callable[[np.ndarray], Any], x: np.ndarray, repeats: int,
+                cupy: Any | None) -> dict[str, float]:
+    times = {"cpu": median_seconds(lambda: func(x), repeats=repeats)}
+    if cupy is not None:
+        sync = cupy.cuda.get_current_stream().synchronize
+        times["cupy"] = median_seconds(lambda: cupy.asnumpy(func(cupy.asarray(x))),
+                                       repeats=repeats, warmup=2, synchronize=sync)
+    return times
+
+
+def _vedart_time(func: Callable[[np.ndarray], Any], x: np.ndarray, repeats: int,
+                 warmup: int) -> tuple[float, str]:
+    wrapped = veda.gpu(func)
+    seconds = median_seconds(lambda: wrapped(x), repeats=repeats, warmup=warmup)
+    return seconds, wrapped.explain(x).reason  # type: ignore[attr-defined]
+
+
+def _geomean(values: list[float]) -> float:
+    return float(math.exp(sum(math.log(v) for v in values) / len(values))) if values else math.nan
+
+
+def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
+    sizes = sizes or (QUICK_SIZES if quick else SIZES)
+    repeats = 3 if quick else 5
+    runtime = veda.init(veda.Config.builder().build())
+    device_name = runtime.gpu.devices[0].name if runtime.gpu else None
+    cupy = None
+    if runtime.gpu:
+        import cupy
+    rows: list[dict[str, Any]] = []
+    inputs = {(op, size): make_input(OPS[op][1], OPS[op][2], size, seed=index)
+              for index, (op, size) in enumerate((op, s) for op in OPS for s in sizes)}
+    for (op, size), x in inputs.items():
+        row: dict[str, Any] = {"op": op, "bytes": int(x.nbytes)}
+        row.update({f"{path}_s": t for path, t in _case_times(OPS[op][0], x, repeats, cupy).items()})
+        row["static_s"], row["static_reason"] = _vedart_time(OPS[op][0], x, repeats, warmup=1)
+        rows.append(row)
+    with tempfile.TemporaryDirectory() as profile_dir:
+        veda.init(veda.Config.builder().cost_model("adaptive")
+                  .profile_path(str(Path(profile_dir) / "profile.json")).build())
+        for row, x in zip(rows, inputs.values()):
+            row["adaptive_s"], row["adaptive_reason"] = _vedart_time(
+                OPS[row["op"]][0], x, repeats, warmup=WARMUP_CALLS)
+    veda.shutdown()
+    for row in rows:
+        row["oracle_s"] = min(row["cpu_s"], row.get("cupy_s", math.inf))
+        for path in ("static", "adaptive"):
+            row[f"{path}_regret"] = row[f"{path}_s"] / row["oracle_s"]
+    summary = {path: {"geomean_regret": _geomean([r[f"{path}_regret"] for r in rows]),
+                      "worst_regret": max(r[f"{path}_regret"] for r in rows)}
+               for path in ("static", "adaptive")}
+    summary["meets_target"] = None if cupy is None else (
+        summary["adaptive"]["geomean_regret"] <= 1.05 and summary["adaptive"]["worst_regret"] <= 1.5)
+    return {"suite": "ops", "device_name": device_name, "sizes": list(sizes), "repeats": repeats,
+            "rows": rows, "summary": summary,
+            "note": None if cupy is not None else "no GPU: CuPy column n/a; regret is against CPU"}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = [f"{'op':<16} {'size':>8} {'cpu ms':>9} {'cupy ms':>9} {'static ms':>10} "
+             f"{'adapt ms':>9} {'static x':>9} {'adapt x':>8}  adaptive decision"]
+    for row in result["rows"]:
+        cupy_ms = f"{row['cupy_s'] * 1e3:9.3f}" if "cupy_s" in row else f"{'n/a':>9}"
+        lines.append(
+            f"{row['op']:<16} {row['bytes'] // 1024:>6}KB {row['cpu_s'] * 1e3:9.3f} {cupy_ms} "
+            f"{row['static_s'] * 1e3:10.3f} {row['adaptive_s'] * 1e3:9.3f} "
+            f"{row['static_regret']:9.2f} {row['adaptive_regret']:8.2f}  {row['adaptive_reason']}")
+    summary = result["summary"]
+    for path in ("static", "adaptive"):
+        lines.append(f"{path:>8}: geomean regret {summary[path]['geomean_regret']:.3f}, "
+                     f"worst {summary[path]['worst_regret']:.2f}")
+    verdict = {None: "n/a (no GPU)", True: "ok", False: "MISSED"}[summary["meets_target"]]
+    lines.append(f"target (adaptive): geomean <= 1.05, worst <= 1.5: {verdict}")
+    if result["note"]:
+        lines.append(result["note"])
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Crossover curves: time against size per operation, one line per path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = list(dict.fromkeys(row["op"] for row in result["rows"]))
+    columns = 4
+    figure, axes = plt.subplots(math.ceil(len(ops) / columns), columns,
+                                figsize=(4 * columns, 3.2 * math.ceil(len(ops) / columns)),
+                                squeeze=False)
+    for axis, op in zip(axes.flat, ops):
+        rows = [row for row in result["rows"] if row["op"] == op]
+        sizes = [row["bytes"] / 2**20 for row in rows]
+        for column, label in (("cpu_s", "CPU"), ("cupy_s", "CuPy end to end"),
+                              ("static_s", "vedart static"), ("adaptive_s", "vedart adaptive")):
+            if column in rows[0]:
+                axis.plot(sizes, [row[column] * 1e3 for row in rows], marker="o", label=label)
+        axis.set(title=op, xscale="log", yscale="log", xlabel="input MiB", ylabel="ms")
+    for axis in list(axes.flat)[len(ops):]:
+        axis.axis("off")
+    axes.flat[0].legend(fontsize="small")
+    figure.suptitle(f"vedart bench ops: {result['device_name'] or 'CPU only'}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)

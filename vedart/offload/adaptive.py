@@ -1,0 +1,166 @@
+"""The adaptive cost model: learn, per function and argument signature, which path is faster.
+
+Bytes alone cannot tell (a float64 sum never pays for its transfer; a 256 KB FFT does), so
+timings decide. Per (function, signature: dtypes and ranks, log2 size bucket) the model keeps
+the latest end-to-end times of each path and:
+
+1. explores: a path with fewer than ``EXPLORE_TRIES`` samples in the bucket is tried, the one
+   with fewer samples first, unless it is already clearly worse (its best time above
+   ``CLEARLY_WORSE`` x the other's, or so predicted by fits over several other sizes);
+2. exploits: otherwise it takes the path with the lower best time;
+3. generalises: a bucket with no samples for a path is predicted by a per-path fit
+   ``time = a + b * bytes`` over the function's other buckets, else by the calibration profile
+   (``python -m vedart calibrate``; defaults are figures measured on the lent H100).
+
+The model is consulted only after the static checks allowed the GPU (usable device, supported
+dtypes, enough free memory), so it never picks a path that fails them. History persists in the
+profile file (:mod:`vedart.offload.profile`) keyed by qualname and a hash of the code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from vedart.offload.profile import ProfileFile
+from vedart.units import format_bytes
+
+PATHS = ("cpu", "gpu")
+EXPLORE_TRIES = 2
+CLEARLY_WORSE = 2.0
+SAMPLES_KEPT = 8
+SAVE_EVERY = 8
+ADAPTIVE_FLOOR = 64 * 1024  # default threshold under the adaptive model: below it, the fast path
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Machine figures that predict a path's time before any sample exists."""
+
+    h2d_bytes_per_s: float = 35e9    # vedart staging, H100, 2026-11-22 (bench transfer)
+    d2h_bytes_per_s: float = 50e9
+    gpu_launch_s: float = 50e-6
+    gpu_bytes_per_s: float = 1e12    # elementwise float32 on the H100
+    cpu_bytes_per_s: float = 4e9     # elementwise float32, NumPy, one core
+
+    def predict(self, path: str, nbytes: int) -> float:
+        if path == "cpu":
+            return nbytes / self.cpu_bytes_per_s
+        return (self.gpu_launch_s + nbytes / self.h2d_bytes_per_s
+                + nbytes / self.d2h_bytes_per_s + nbytes / self.gpu_bytes_per_s)
+
+
+def function_key(func: Callable[..., Any], qualified_name: str) -> str:
+    """``qualified_name`` plus a hash of the function's code, so edited code learns afresh."""
+    code = getattr(getattr(func, "func", func), "__code__", None)
+    digest = hashlib.sha1(marshal.dumps(code)).hexdigest()[:12] if code is not None else "nocode"
+    return f"{qualified_name}@{digest}"
+
+
+def signature_of(arrays: list[np.ndarray]) -> str:
+    """The arguments' dtypes and ranks, e.g. ``"<f4:2,<f4:1"``."""
+    return ",".join(f"{array.dtype.str}:{array.ndim}" for array in arrays)
+
+
+def size_bucket(nbytes: int) -> int:
+    return max(nbytes, 1).bit_length() - 1
+
+
+def _fit(points: list[tuple[int, float]]) -> Callable[[int], float] | None:
+    """Least squares ``time = a + b * bytes`` (a, b >= 0) through per-bucket best times."""
+    if len(points) < 2:
+        return None
+    sizes = np.array([p[0] for p in points], dtype=float)
+    times = np.array([p[1] for p in points], dtype=float)
+    slope, intercept = np.polyfit(sizes, times, 1)
+    slope, intercept = max(float(slope), 0.0), max(float(intercept), 0.0)
+    return lambda nbytes: intercept + slope * nbytes
+
+
+class AdaptiveModel:
+    """Chooses cpu or gpu per call from observed timings. Thread-safe."""
+
+    def __init__(self, profile: ProfileFile | None = None,
+                 calibration: Calibration | None = None) -> None:
+        self._profile = profile
+        self._lock = threading.Lock()
+        data = profile.load() if profile is not None else {"functions": {}, "calibration": None}
+        self._data = data
+        stored = data.get("calibration")
+        self.calibration = calibration or (Calibration(**stored) if isinstance(stored, dict)
+                                           else Calibration())
+        self._unsaved = 0
+
+    def _samples(self, key: str, signature: str, bucket: int) -> dict[str, list[list[float]]]:
+        buckets = self._data["functions"].setdefault(key, {})
+        return buckets.setdefault(f"{signature}|{bucket}", {"cpu": [], "gpu": []})
+
+    def _fits(self, key: str, signature: str) -> dict[str, Callable[[int], float] | None]:
+        best: dict[str, list[tuple[int, float]]] = {path: [] for path in PATHS}
+        for name, samples in self._data["functions"].get(key, {}).items():
+            if name.rsplit("|", 1)[0] != signature:
+                continue
+            for path in PATHS:
+                if samples[path]:
+                    seconds, nbytes = min(samples[path])
+                    best[path].append((int(nbytes), seconds))
+        return {path: _fit(points) for path, points in best.items()}
+
+    def choose(self, key: str, signature: str, nbytes: int) -> tuple[str, str]:
+        """(path, reason) for a call with ``nbytes`` of host arrays of ``signature``."""
+        size = f"~{format_bytes(nbytes)}"
+        with self._lock:
+            samples = self._samples(key, signature, size_bucket(nbytes))
+            best = {path: min(samples[path])[0] if samples[path] else None for path in PATHS}
+            fits = self._fits(key, signature)
+        predicted = {path: best[path] if best[path] is not None
+                     else (fits[path](nbytes) if fits[path] is not None
+                           else self.calibration.predict(path, nbytes)) for path in PATHS}
+
+        def clearly_worse(path: str) -> bool:
+            other = "gpu" if path == "cpu" else "cpu"
+            known = best[path] is not None or (fits[path] is not None and fits[other] is not None)
+            return known and predicted[path] > CLEARLY_WORSE * predicted[other]
+
+        for path in sorted(PATHS, key=lambda p: (len(samples[p]), predicted[p])):
+            if len(samples[path]) < EXPLORE_TRIES and not clearly_worse(path):
+                return path, (f"adaptive: exploring {path} at {size} "
+                              f"({len(samples[path])} of {EXPLORE_TRIES} tries)")
+        path = min(PATHS, key=lambda p: predicted[p])
+        count = len(samples["cpu"]) + len(samples["gpu"])
+        return path, (f"adaptive: gpu {predicted['gpu'] * 1e3:.3g} ms vs cpu "
+                      f"{predicted['cpu'] * 1e3:.3g} ms at {size} ({count} samples)")
+
+    def observe(self, key: str, signature: str, nbytes: int, path: str, seconds: float) -> None:
+        """Record one end-to-end time of ``path``; saves the profile now and then."""
+        with self._lock:
+            kept = self._samples(key, signature, size_bucket(nbytes))[path]
+            kept.append([seconds, nbytes])
+            del kept[:-SAMPLES_KEPT]
+            self._unsaved += 1
+            due = self._unsaved >= SAVE_EVERY
+        if due:
+            self.save()
+
+    def set_calibration(self, calibration: Calibration) -> None:
+        with self._lock:
+            self.calibration = calibration
+            self._data["calibration"] = asdict(calibration)
+
+    def save(self) -> None:
+        """Write the profile file (no-op without one)."""
+        if self._profile is None:
+            return
+        with self._lock:
+            self._unsaved = 0
+            snapshot = {"calibration": self._data.get("calibration"),
+                        "functions": {key: {name: {path: list(times) for path, times in s.items()}
+                                            for name, s in buckets.items()}
+                                      for key, buckets in self._data["functions"].items()}}
+        self._profile.save(snapshot)
