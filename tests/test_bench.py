@@ -70,7 +70,7 @@ def test_export_json_schema(tmp_path: Path) -> None:
     veda.gpu(lambda x: x)(1)
     runtime.telemetry.export_json(tmp_path / "t.json")
     data = json.loads((tmp_path / "t.json").read_text())
-    assert set(data) == {"functions", "recent"}
+    assert {"functions", "recent"} <= set(data)
     assert set(data["functions"][0]) == {
         "function", "calls", "cpu_calls", "gpu_calls", "fallback_calls", "mean_seconds_gpu",
         "bytes_to_device", "bytes_to_host", "transfer_gb_per_s", "last_path", "last_reason"}

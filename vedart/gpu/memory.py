@@ -28,6 +28,7 @@ class DeviceMemory:
         self._peak: dict[int, int] = dict.fromkeys(ordinals, 0)
         self._lock = threading.Lock()
         self._previous_allocator: Any = None
+        self._tracking_malloc: Any = None
         self._pool: Any = None
         try:
             import cupy
@@ -41,16 +42,22 @@ class DeviceMemory:
             logger.debug("device pools not managed: %s", error)
             return
         self._pool = pool
-        self._previous_allocator = cupy.cuda.get_allocator()
-        cupy.cuda.set_allocator(self._tracking_malloc)
+        # A runtime replacing another is created before the old one closes: restore to what
+        # was there before any vedart runtime, never to another runtime's tracker.
+        previous = cupy.cuda.get_allocator()
+        self._previous_allocator = getattr(previous, "vedart_previous", previous)
+        peak = self._peak
 
-    def _tracking_malloc(self, size: int) -> Any:
-        memory = self._pool.malloc(size)
-        used = self._pool.used_bytes()
-        device = memory.device_id
-        if used > self._peak.get(device, 0):
-            self._peak[device] = used
-        return memory
+        def tracking_malloc(size: int) -> Any:
+            memory = pool.malloc(size)
+            used = pool.used_bytes()
+            if used > peak.get(memory.device_id, 0):
+                peak[memory.device_id] = used
+            return memory
+
+        tracking_malloc.vedart_previous = self._previous_allocator  # type: ignore[attr-defined]
+        self._tracking_malloc = tracking_malloc
+        cupy.cuda.set_allocator(tracking_malloc)
 
     def stats(self, ordinal: int) -> dict[str, float]:
         """``pool_allocated_mb``, ``pool_cached_mb``, ``peak_allocated_mb`` and
@@ -88,14 +95,15 @@ class DeviceMemory:
                 self._pool.free_all_blocks()
 
     def close(self) -> None:
-        """Restore the allocator and lift the limits this object set. Idempotent."""
+        """Restore the allocator and lift the pool limits, unless a newer runtime has taken them
+        over (the pool is process-wide; the newest runtime owns its settings). Idempotent."""
         if self._pool is None:
             return
         import cupy
 
-        if cupy.cuda.get_allocator() == self._tracking_malloc:
+        if cupy.cuda.get_allocator() is self._tracking_malloc:
             cupy.cuda.set_allocator(self._previous_allocator)
-        for ordinal in self._ordinals:
-            with cupy.cuda.Device(ordinal):
-                self._pool.set_limit(size=0)
+            for ordinal in self._ordinals:
+                with cupy.cuda.Device(ordinal):
+                    self._pool.set_limit(size=0)
         self._pool = None
