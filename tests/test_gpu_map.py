@@ -1,0 +1,246 @@
+"""gpu_map without a GPU: routing over fake devices and lanes (device facts from FakeProbe, lanes
+bound to fake streams), per-item decisions, spreading by load, the memory bound on items in
+flight, hybrid CPU help, placements in telemetry, errors, nesting and shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from fakes import FakeProbe
+
+import vedart as veda
+from vedart.errors import DeviceError, ParIterError
+from vedart.offload.cost import Decision
+from vedart.offload.decorator import OffloadOptions
+from vedart.offload.force import preferred_device
+from vedart.parallel import gpu_map
+from vedart.parallel.par_iter import par_iter
+
+MB = 1_000_000
+_active = threading.local()
+
+
+class FakeBinding:
+    """Lanes bound to fake streams; ``activate`` marks the thread as on (device, stream)."""
+
+    def new_stream(self, device: int) -> str:
+        return f"stream of device {device} #{id(object())}"
+
+    @contextmanager
+    def activate(self, device: int, stream: str) -> Iterator[None]:
+        _active.on = (device, stream)
+        try:
+            yield
+        finally:
+            _active.on = None
+
+
+class FakeOffload:
+    """A @veda.gpu stand-in: items of at least ``threshold`` bytes are decided for the GPU on
+    the preferred device; each call records where it ran. ``gpu_seconds`` is the time a call
+    takes on a lane (the raw function, run on CPU workers, takes none)."""
+
+    def __init__(self, function: Callable[[np.ndarray], Any], *, threshold: int = MB,
+                 force: str | None = None, gpu_seconds: float = 0.0) -> None:
+        self.__wrapped__ = function
+        self.__name__ = function.__name__
+        self.gpu_options = OffloadOptions(threshold=threshold, force=force)
+        self.gpu_seconds = gpu_seconds
+        self.calls: list[tuple[int, Any, int | None, str]] = []
+        self._lock = threading.Lock()
+        self.running = 0
+        self.most_running = 0
+
+    def explain(self, item: np.ndarray) -> Decision:
+        if item.nbytes >= self.gpu_options.threshold or self.gpu_options.force == "gpu":
+            return Decision("gpu", "fake", preferred_device.get())
+        return Decision("cpu", "fake: small")
+
+    def __call__(self, item: np.ndarray) -> Any:
+        with self._lock:
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+            self.calls.append((int(item[0]), getattr(_active, "on", None),
+                               preferred_device.get(), threading.current_thread().name))
+        try:
+            time.sleep(self.gpu_seconds if getattr(_active, "on", None) else 0.0)
+            return self.__wrapped__(item)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+def first_times_ten(item: np.ndarray) -> int:
+    return int(item[0]) * 10
+
+
+def items(count: int, nbytes: int) -> list[np.ndarray]:
+    return [np.full(nbytes, i % 256, dtype=np.uint8) for i in range(count)]
+
+
+@pytest.fixture(autouse=True)
+def fake_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_map, "CudaBinding", FakeBinding)
+
+
+def fake_gpus(count: int = 2, threads: int = 2, **probe_options: Any) -> veda.Runtime:
+    return veda.init(veda.Config.builder().threads(threads).build(),
+                     device_probe=FakeProbe(count, **probe_options))
+
+
+def placements(runtime: veda.Runtime) -> dict[tuple[str, int | None], int]:
+    return {(path, device): count
+            for (_, path, device), count in runtime.telemetry.placement_counts().items()}
+
+
+def test_items_are_spread_over_devices_and_run_in_their_lane() -> None:
+    runtime = fake_gpus(count=2)
+    wrapper = FakeOffload(first_times_ten, gpu_seconds=0.003)
+    assert par_iter(items(40, 2 * MB)).gpu_map(wrapper).collect() == [10 * i for i in range(40)]
+    counts = placements(runtime)
+    assert set(counts) == {("gpu", 0), ("gpu", 1)} and sum(counts.values()) == 40
+    assert min(counts.values()) >= 5  # by load: neither device takes nearly everything
+    for _, (device, stream), preferred, thread in wrapper.calls:
+        assert preferred == device and thread.startswith(f"vedart-gpu{device}-lane")
+        assert stream.startswith(f"stream of device {device}")
+    recorded = runtime.telemetry.placements()
+    assert sorted(p.item for p in recorded) == list(range(40))
+    assert all(p.stage == "#1 gpu_map(first_times_ten)" and p.lane in (0, 1) for p in recorded)
+
+
+def test_small_items_run_on_cpu_workers_in_order() -> None:
+    runtime = fake_gpus(count=1)
+    wrapper = FakeOffload(first_times_ten)
+    mixed = [np.full(2 * MB if i % 3 == 0 else 100, i, dtype=np.uint8) for i in range(30)]
+    assert par_iter(mixed).gpu_map(wrapper).collect() == [10 * i for i in range(30)]
+    assert placements(runtime) == {("gpu", 0): 10, ("cpu", None): 20}
+    on_lanes = {index for index, active, _, _ in wrapper.calls if active is not None}
+    assert on_lanes == set(range(0, 30, 3))
+
+
+def test_lanes_of_a_device_run_concurrently() -> None:
+    fake_gpus(count=1)
+    both_running = threading.Barrier(2, timeout=10)
+
+    def meet_then_count(item: np.ndarray) -> int:
+        if int(item[0]) < 2:
+            both_running.wait()  # broken (an item error) unless two lanes run at once
+        return int(item[0])
+
+    assert par_iter(items(8, 2 * MB)).gpu_map(FakeOffload(meet_then_count)).collect() == \
+        list(range(8))
+
+
+def test_items_in_flight_are_bounded_by_device_memory() -> None:
+    fake_gpus(count=1, free=10 * MB)  # one 4 MB item needs 8 MB (headroom 2.0): one at a time
+    wrapper = FakeOffload(first_times_ten, gpu_seconds=0.005)
+    assert par_iter(items(6, 4 * MB)).gpu_map(wrapper).collect() == [10 * i for i in range(6)]
+    assert wrapper.most_running == 1  # two lanes, but the memory admits one item at a time
+
+
+def test_idle_cpu_workers_take_competitive_items_when_lanes_are_full() -> None:
+    runtime = fake_gpus(count=1, threads=2)
+    wrapper = FakeOffload(first_times_ten, gpu_seconds=0.03)
+    near_threshold = items(24, int(1.5 * MB))  # rated competitive before measurements
+    assert par_iter(near_threshold).gpu_map(wrapper).collect() == [10 * i for i in range(24)]
+    counts = placements(runtime)
+    assert counts[("gpu", 0)] >= 1 and counts[("hybrid", None)] >= 1
+    assert sum(counts.values()) == 24
+    hybrid_items = {p.item for p in runtime.telemetry.placements() if p.path == "hybrid"}
+    lane_items = {index for index, active, _, _ in wrapper.calls if active is not None}
+    assert hybrid_items.isdisjoint(lane_items) and hybrid_items | lane_items == set(range(24))
+
+
+def test_items_far_above_the_threshold_and_forced_items_stay_on_the_gpu() -> None:
+    runtime = fake_gpus(count=1)
+    par_iter(items(12, 4 * MB)).gpu_map(FakeOffload(first_times_ten, gpu_seconds=0.01)).collect()
+    par_iter(items(12, int(1.5 * MB))).gpu_map(
+        FakeOffload(first_times_ten, force="gpu", gpu_seconds=0.01)).collect()
+    assert placements(runtime) == {("gpu", 0): 24}
+
+
+def test_force_cpu_keeps_real_gpu_functions_on_the_cpu() -> None:
+    runtime = fake_gpus(count=1)
+
+    def total(a: np.ndarray) -> float:
+        return float(a.sum())
+
+    arrays = [np.random.default_rng(i).random(300_000) for i in range(6)]
+    expected = [float(a.sum()) for a in arrays]
+    with veda.force("cpu"):
+        assert par_iter(arrays).gpu_map(total).collect() == expected
+    assert par_iter(arrays).gpu_map(total, force="cpu").collect() == expected
+    assert placements(runtime) == {("cpu", None): 12}
+
+
+def test_device_argument_pins_items_to_one_device() -> None:
+    runtime = fake_gpus(count=2)
+    wrapper = FakeOffload(first_times_ten)
+    par_iter(items(10, 2 * MB)).gpu_map(wrapper, device=1).collect()
+    assert placements(runtime) == {("gpu", 1): 10}
+    with pytest.raises(DeviceError, match="device: got 5; allowed: one of the runtime's CUDA "
+                                          "ordinals \\[0, 1\\]"):
+        par_iter(items(1, 2 * MB)).gpu_map(wrapper, device=5).collect()
+
+
+def test_item_error_on_a_lane_names_index_and_stage() -> None:
+    fake_gpus(count=1)
+
+    def fail_on_three(item: np.ndarray) -> int:
+        if int(item[0]) == 3:
+            raise ArithmeticError("bad matrix")
+        return int(item[0])
+
+    pipeline = par_iter(items(8, 2 * MB)).gpu_map(FakeOffload(fail_on_three))
+    with pytest.raises(ParIterError) as caught:
+        pipeline.collect()
+    assert (caught.value.index, caught.value.stage) == (3, "#1 gpu_map(fail_on_three)")
+    assert isinstance(caught.value.__cause__, ArithmeticError)
+    assert pipeline.collect(errors="skip") == [0, 1, 2, 4, 5, 6, 7]
+
+
+def test_gpu_map_inside_a_lane_item_does_not_wait_on_lanes() -> None:
+    runtime = fake_gpus(count=1)
+    inner = FakeOffload(first_times_ten)
+
+    def nested(item: np.ndarray) -> int:
+        return sum(par_iter(items(3, 2 * MB)).gpu_map(inner).collect()) + int(item[0])
+
+    assert par_iter(items(6, 2 * MB)).gpu_map(FakeOffload(nested)).collect() == \
+        [30 + i for i in range(6)]
+    assert len(inner.calls) == 18
+    assert runtime.telemetry.placement_counts() == {("#1 gpu_map(nested)", "gpu", 0): 6}
+
+
+def test_without_a_gpu_gpu_map_is_a_map_of_the_gpu_function() -> None:
+    runtime = veda.init(veda.Config.builder().gpu(False).build())
+
+    def total(a: np.ndarray) -> float:
+        return float(a.sum())
+
+    arrays = [np.random.default_rng(i).random(1000) for i in range(50)]
+    assert par_iter(arrays).gpu_map(total).collect() == [float(a.sum()) for a in arrays]
+    stats = runtime.telemetry.function(f"{__name__}.{total.__qualname__}").as_dict()
+    assert stats["cpu_calls"] == 50 and runtime.telemetry.placement_counts() == {}
+
+
+def test_telemetry_off_records_no_placements() -> None:
+    runtime = veda.init(veda.Config.builder().telemetry(False).build(),
+                        device_probe=FakeProbe(1))
+    par_iter(items(4, 2 * MB)).gpu_map(FakeOffload(first_times_ten)).collect()
+    assert runtime.telemetry.placement_counts() == {} and runtime.telemetry.placements() == []
+
+
+def test_lanes_stop_with_their_runtime() -> None:
+    fake_gpus(count=2)
+    par_iter(items(4, 2 * MB)).gpu_map(FakeOffload(first_times_ten)).collect()
+    lanes = [t for t in threading.enumerate() if t.name.startswith("vedart-gpu")]
+    assert len(lanes) == 4
+    veda.init(veda.Config.builder().gpu(False).build())
+    assert not any(t.is_alive() for t in lanes)

@@ -1,0 +1,499 @@
+"""par_iter without a GPU: adapters and terminals against Python builtins, order, exactly-once,
+laziness, bounded read-ahead, errors, cancellation, nested pipelines, shutdown and re-init,
+progress display."""
+
+from __future__ import annotations
+
+import functools
+import io
+import itertools
+import sys
+import threading
+import time
+import types
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import vedart as veda
+from vedart.errors import ConfigError, ParIterError
+from vedart.parallel.par_iter import ParIter, par_iter
+from vedart.parallel.progress import PlainProgress
+from vedart.parallel.scheduler import MAX_CHUNK, WINDOW_PER_THREAD, Scheduler
+from vedart.parallel.task import Task
+
+THREADS = 4
+examples = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+int_lists = st.lists(st.integers(-1000, 1000), max_size=60)
+chunk_sizes = st.none() | st.integers(1, 7)
+
+
+@pytest.fixture(autouse=True)
+def runtime() -> veda.Runtime:
+    return veda.init(veda.Config.builder().gpu(False).threads(THREADS).build())
+
+
+def naturals() -> Iterator[int]:
+    yield from itertools.count()
+
+
+class CountingSource:
+    """An endless source that counts the items it has yielded."""
+
+    def __init__(self) -> None:
+        self.produced = 0
+
+    def __iter__(self) -> Iterator[int]:
+        while True:
+            self.produced += 1
+            yield self.produced - 1
+
+
+# --- adapters and terminals against builtins ----------------------------------------------
+
+def triple_plus_one(x: int) -> int:
+    return 3 * x + 1
+
+
+def is_even(x: int) -> bool:
+    return x % 2 == 0
+
+
+def repeat_by_mod3(x: int) -> list[int]:
+    return [x] * (x % 3)
+
+
+def chunked(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+Adapter = Callable[[ParIter[Any]], ParIter[Any]]
+ADAPTERS: list[tuple[str, Adapter, Callable[[list[Any]], list[Any]]]] = [
+    ("map", lambda p: p.map(triple_plus_one), lambda xs: list(map(triple_plus_one, xs))),
+    ("filter", lambda p: p.filter(is_even), lambda xs: list(filter(is_even, xs))),
+    ("flat_map", lambda p: p.flat_map(repeat_by_mod3),
+     lambda xs: list(itertools.chain.from_iterable(map(repeat_by_mod3, xs)))),
+    ("enumerate", lambda p: p.enumerate(5), lambda xs: list(enumerate(xs, 5))),
+    ("zip", lambda p: p.zip(range(40), "abcdefghijklmnopqrstuvwxyz"),
+     lambda xs: list(zip(xs, range(40), "abcdefghijklmnopqrstuvwxyz"))),
+    ("take", lambda p: p.take(7), lambda xs: list(itertools.islice(xs, 7))),
+    ("skip", lambda p: p.skip(7), lambda xs: list(itertools.islice(xs, 7, None))),
+    ("chunk", lambda p: p.chunk(4), lambda xs: chunked(xs, 4)),
+]
+
+
+@pytest.mark.parametrize(("name", "adapter", "builtin"), ADAPTERS, ids=[a[0] for a in ADAPTERS])
+@examples
+@given(items=int_lists, chunk_size=chunk_sizes)
+def test_adapter_equals_builtin(name: str, adapter: Adapter,
+                                builtin: Callable[[list[Any]], list[Any]], items: list[int],
+                                chunk_size: int | None) -> None:
+    assert adapter(par_iter(items, chunk_size)).collect() == builtin(items)
+
+
+@examples
+@given(items=int_lists, chunk_size=chunk_sizes, skip=st.integers(0, 10), take=st.integers(0, 50),
+       size=st.integers(1, 5))
+def test_composed_pipeline_equals_builtins(items: list[int], chunk_size: int | None, skip: int,
+                                           take: int, size: int) -> None:
+    pipeline = (par_iter(items, chunk_size).map(triple_plus_one).filter(is_even)
+                .flat_map(repeat_by_mod3).skip(skip).enumerate().map(lambda pair: pair[0] * pair[1])
+                .take(take).chunk(size).map(sum))
+    expected = itertools.islice(itertools.chain.from_iterable(
+        map(repeat_by_mod3, filter(is_even, map(triple_plus_one, items)))), skip, None)
+    expected_values = [i * v for i, v in enumerate(expected)][:take]
+    assert pipeline.collect() == [sum(c) for c in chunked(expected_values, size)]
+
+
+@examples
+@given(items=int_lists, chunk_size=chunk_sizes)
+def test_terminals_equal_builtins(items: list[int], chunk_size: int | None) -> None:
+    pipeline = par_iter(items, chunk_size)
+
+    def sub(accumulated: int, x: int) -> int:  # neither associative nor commutative
+        return accumulated * 2 - x
+
+    assert pipeline.fold(7, sub) == functools.reduce(sub, items, 7)
+    assert pipeline.sum() == sum(items) and pipeline.sum(10) == sum(items, 10)
+    assert pipeline.count() == len(items)
+    assert pipeline.min(default=None) == min(items, default=None)
+    assert pipeline.max(key=abs, default="none") == max(items, key=abs, default="none")
+    assert pipeline.min(key=lambda x: x % 7, default=0) == min(items, key=lambda x: x % 7,
+                                                               default=0)
+    assert pipeline.any(is_even) == any(map(is_even, items))
+    assert pipeline.all(is_even) == all(map(is_even, items))
+    assert pipeline.any() == any(items) and pipeline.all() == all(items)
+    assert pipeline.to_dict(lambda x: x % 5) == {x % 5: x for x in items}
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def record(x: int) -> None:
+        with lock:
+            seen.append(x)
+
+    assert pipeline.for_each(record) is None
+    assert sorted(seen) == sorted(items)
+    if items:
+        assert pipeline.reduce(sub) == functools.reduce(sub, items)
+
+
+def test_empty_pipeline_terminals_raise_like_builtins() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        par_iter([]).min()
+    with pytest.raises(ValueError, match="empty"):
+        par_iter([]).max(key=abs)
+    with pytest.raises(TypeError, match="reduce\\(\\) of an empty pipeline"):
+        par_iter([]).reduce(lambda a, b: a + b)
+
+
+def test_float_sum_matches_builtin_exactly() -> None:
+    values = [0.1 * i for i in range(20_000)]
+    assert par_iter(values).map(lambda x: x * 1.5).sum() == sum(x * 1.5 for x in values)
+
+
+# --- order, exactly once, laziness, bounded read-ahead ----------------------------------
+
+def test_results_come_in_input_order_when_items_finish_out_of_order() -> None:
+    def slow_for_small(x: int) -> int:
+        time.sleep(0.002 * (x % 5 == 0))
+        return x
+
+    assert par_iter(range(300), chunk_size=1).map(slow_for_small).collect() == list(range(300))
+
+
+def test_every_item_is_processed_exactly_once() -> None:
+    counts: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def count(x: int) -> int:
+        with lock:
+            counts[x] += 1
+        return x
+
+    assert par_iter(range(20_000)).map(count).filter(lambda x: True).sum() == sum(range(20_000))
+    assert counts == Counter(range(20_000))
+
+
+def test_adapters_are_lazy() -> None:
+    source = CountingSource()
+    pipeline = par_iter(source).map(triple_plus_one).filter(is_even).take(3)
+    assert source.produced == 0
+    assert pipeline.collect() == [4, 10, 16]
+    assert 0 < source.produced <= WINDOW_PER_THREAD * THREADS * MAX_CHUNK
+
+
+def test_take_before_map_reads_exactly_n_items() -> None:
+    source = CountingSource()
+    assert par_iter(source).take(5).map(triple_plus_one).collect() == [1, 4, 7, 10, 13]
+    assert source.produced == 5
+
+
+def test_take_on_an_endless_generator_returns() -> None:
+    assert par_iter(naturals()).map(lambda x: x * x).take(1000).sum() == sum(
+        x * x for x in range(1000))
+    assert par_iter(naturals()).any(lambda x: x > 50_000) is True
+
+
+def test_ten_million_items_are_consumed_with_bounded_read_ahead() -> None:
+    processed = itertools.count()
+    most_ahead = 0
+
+    def source() -> Iterator[int]:
+        nonlocal most_ahead
+        for produced in range(10_000_000):
+            if produced % 4096 == 0:
+                most_ahead = max(most_ahead, produced - _count_value(processed))
+            yield produced
+
+    def touch(x: int) -> int:
+        next(processed)
+        return x
+
+    assert par_iter(source()).map(touch).count() == 10_000_000
+    assert most_ahead <= (WINDOW_PER_THREAD * THREADS + 1) * MAX_CHUNK
+
+
+def _count_value(counter: itertools.count) -> int:  # type: ignore[type-arg]
+    return int(repr(counter)[len("count("):-1])
+
+
+# --- errors and cancellation ----------------------------------------------------------------
+
+def parse(text: str) -> int:
+    return int(text)
+
+
+def test_item_error_names_index_and_stage_and_chains() -> None:
+    items = ["1", "2", "x", "4"]
+    with pytest.raises(ParIterError) as caught:
+        par_iter(items).map(str.strip).map(parse).collect()
+    error = caught.value
+    assert (error.index, error.stage) == (2, "#2 map(parse)")
+    assert isinstance(error.__cause__, ValueError)
+    assert str(error) == ("par_iter item 2 failed in stage #2 map(parse): ValueError: "
+                          "invalid literal for int() with base 10: 'x'")
+
+
+def test_index_is_the_source_index_after_filter_and_flat_map() -> None:
+    def fail_on_13(x: int) -> int:
+        if x == 13:
+            raise KeyError(x)
+        return x
+
+    with pytest.raises(ParIterError) as caught:
+        par_iter(range(20)).filter(lambda x: x % 2).flat_map(lambda x: [x, x]).map(
+            fail_on_13).sum()
+    assert (caught.value.index, caught.value.stage) == (13, "#3 map(fail_on_13)")
+
+
+def test_first_failure_in_input_order_is_raised() -> None:
+    def fail_late_slowly(x: int) -> int:
+        if x == 3:
+            time.sleep(0.05)
+            raise ValueError("first")
+        if x == 40:
+            raise ValueError("second, but finished first")
+        return x
+
+    with pytest.raises(ParIterError, match="first") as caught:
+        par_iter(range(100), chunk_size=1).map(fail_late_slowly).collect()
+    assert caught.value.index == 3
+
+
+def test_failure_cancels_remaining_work_and_the_pool_stays_usable() -> None:
+    started = itertools.count()
+
+    def fail_early(x: int) -> int:
+        next(started)
+        time.sleep(0.001)
+        if x == 5:
+            raise RuntimeError("boom")
+        return x
+
+    with pytest.raises(ParIterError):
+        par_iter(range(10_000), chunk_size=1).map(fail_early).collect()
+    time.sleep(0.05)  # let tasks that were already running finish
+    assert _count_value(started) < 5 + 4 * WINDOW_PER_THREAD * THREADS
+    assert par_iter(range(100)).map(triple_plus_one).sum() == sum(map(triple_plus_one, range(100)))
+
+
+def test_errors_skip_and_return() -> None:
+    items = ["1", "x", "3", "y"]
+    assert par_iter(items).map(parse).collect(errors="skip") == [1, 3]
+    returned = par_iter(items).map(parse).collect(errors="return")
+    assert returned[0::2] == [1, 3]
+    assert [type(value) for value in returned[1::2]] == [ValueError, ValueError]
+    assert "'y'" in str(returned[3])
+
+
+def test_failed_items_keep_their_place_through_positional_stages() -> None:
+    pipeline = par_iter(["1", "x", "3", "4", "5"]).map(parse)
+    assert pipeline.enumerate().map(lambda pair: pair[0]).collect(errors="skip") == [0, 2, 3, 4]
+    assert pipeline.skip(2).collect() == [3, 4, 5]
+    assert pipeline.take(1).collect() == [1]
+    chunks = pipeline.chunk(2).collect(errors="return")
+    assert isinstance(chunks[0], ValueError) and chunks[1:] == [[3, 4], [5]]
+
+
+def test_terminal_functions_report_their_stage() -> None:
+    with pytest.raises(ParIterError) as caught:
+        par_iter([1, 2, 0]).map(abs).for_each(lambda x: 1 / x)
+    assert (caught.value.index, caught.value.stage) == (2, "#2 for_each(<lambda>)")
+    with pytest.raises(ParIterError) as caught:
+        par_iter([1, 2, 0, 4]).fold(0, lambda total, x: total + 1 // x)
+    assert (caught.value.index, caught.value.stage) == (2, "#1 fold(<lambda>)")
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
+
+
+def test_source_error_is_raised_after_the_items_before_it() -> None:
+    def broken() -> Iterator[int]:
+        yield from range(7)
+        raise OSError("disk gone")
+
+    seen: list[int] = []
+    with pytest.raises(ParIterError) as caught:
+        par_iter(broken()).map(triple_plus_one).for_each(seen.append)
+    assert (caught.value.index, caught.value.stage) == (7, "source")
+    assert isinstance(caught.value.__cause__, OSError)
+    assert sorted(seen) == [triple_plus_one(x) for x in range(7)]
+
+
+def test_zip_error_names_the_stage() -> None:
+    def short() -> Iterator[str]:
+        yield "a"
+        raise LookupError("gone")
+
+    with pytest.raises(ParIterError) as caught:
+        par_iter(range(5)).zip(short()).collect()
+    assert (caught.value.index, caught.value.stage) == (1, "#1 zip")
+
+
+@pytest.mark.parametrize(("build", "error", "message"), [
+    (lambda: par_iter([1], chunk_size=0), ConfigError,
+     "chunk_size: got 0; allowed: None (automatic) or an int >= 1"),
+    (lambda: par_iter(5), TypeError, "par_iter: got 5 of type int; allowed: an iterable"),
+    (lambda: par_iter([1]).take(-1), ConfigError, "take(n): got -1; allowed: an int >= 0"),
+    (lambda: par_iter([1]).skip(1.5), ConfigError, "skip(n): got 1.5; allowed: an int >= 0"),
+    (lambda: par_iter([1]).chunk(0), ConfigError, "chunk(size): got 0; allowed: an int >= 1"),
+    (lambda: par_iter([1]).map(3), TypeError, "map(f): got 3 of type int; allowed: a callable"),
+    (lambda: par_iter([1]).zip([1], 2), TypeError, "zip(*others): argument 2 is 2 of type int"),
+    (lambda: par_iter([1]).collect(errors="maybe"), ConfigError,
+     "collect(errors): got 'maybe'; allowed: 'raise', 'skip', 'return'"),
+    (lambda: par_iter([1]).gpu_map(abs, device=-1), ConfigError,
+     "gpu_map(device): got -1; allowed: None or a CUDA ordinal >= 0"),
+    (lambda: par_iter([1]).gpu_map(veda.gpu(abs), force="gpu"), ConfigError,
+     "force: got 'gpu' for abs, which is already @veda.gpu"),
+])
+def test_bad_arguments_name_argument_value_and_allowed(build: Callable[[], Any],
+                                                       error: type[Exception],
+                                                       message: str) -> None:
+    with pytest.raises(error) as caught:
+        build()
+    assert message in str(caught.value)
+
+
+# --- scheduler: nesting, shutdown, re-init ------------------------------------------------
+
+def run_with_deadline(work: Callable[[], Any], seconds: float = 60.0) -> Any:
+    """``work()`` on a thread; fails the test instead of hanging when it deadlocks."""
+    outcome: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: outcome.update(value=work()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "pipeline did not finish: deadlock"
+    return outcome["value"]
+
+
+def test_nested_pipelines_do_not_deadlock() -> None:
+    veda.init(veda.Config.builder().gpu(False).threads(2).build())
+
+    def inner_sum(n: int) -> int:
+        return par_iter(range(n), chunk_size=1).map(lambda x: par_iter([x, x]).sum()).sum()
+
+    result = run_with_deadline(lambda: par_iter(range(30), chunk_size=1).map(inner_sum).collect())
+    assert result == [n * (n - 1) for n in range(30)]
+
+
+def test_scheduler_is_shared_and_sized_by_config(runtime: veda.Runtime) -> None:
+    par_iter(range(10)).map(abs).collect()
+    scheduler = runtime.scheduler
+    par_iter(range(10)).filter(is_even).collect()
+    assert runtime.scheduler is scheduler and scheduler.threads == THREADS
+
+
+def test_reinit_between_pipelines_replaces_and_joins_the_pool(runtime: veda.Runtime) -> None:
+    assert par_iter(range(100)).map(triple_plus_one).sum() == 14950
+    old = runtime.scheduler
+    old_workers = [t for t in threading.enumerate() if t.name.startswith("vedart-worker")]
+    new_runtime = veda.init(veda.Config.builder().gpu(False).threads(3).build())
+    assert old.closed and not any(t.is_alive() for t in old_workers)
+    assert par_iter(range(100)).map(triple_plus_one).sum() == 14950
+    assert new_runtime.scheduler.threads == 3 and new_runtime.scheduler is not old
+
+
+def test_shutdown_cancels_queued_tasks_and_joins_workers() -> None:
+    scheduler = Scheduler(1)
+    started, release = threading.Event(), threading.Event()
+
+    def block() -> bool:
+        started.set()
+        return release.wait()
+
+    running = scheduler.submit(Task(block))
+    ran: list[int] = []
+    queued = [scheduler.submit(Task(functools.partial(ran.append, n))) for n in range(5)]
+    started.wait(10)
+    stopper = threading.Thread(target=scheduler.shutdown)
+    stopper.start()
+    stopper.join(0.05)
+    assert stopper.is_alive(), "shutdown waits for the running task"
+    release.set()
+    stopper.join(10)
+    assert not stopper.is_alive() and scheduler.closed
+    assert running.result() is True and ran == []
+    assert all(task.cancel() for task in queued)
+    assert scheduler.submit(Task(lambda: 1)).cancel()
+
+
+def test_shutdown_during_a_pipeline_raises_par_iter_error() -> None:
+    started = threading.Event()
+
+    def slow(x: int) -> int:
+        started.set()
+        time.sleep(0.01)
+        return x
+
+    outcome: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            par_iter(range(10_000), chunk_size=1).map(slow).collect()
+        except ParIterError as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    started.wait(10)
+    veda.shutdown()
+    thread.join(30)
+    assert "scheduler was shut down" in str(outcome["error"])
+    assert outcome["error"].index is None
+
+
+# --- progress -------------------------------------------------------------------------------
+
+def test_plain_progress_counts_items_on_stderr(capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # "not installed"
+    assert par_iter(range(50)).map(abs).collect(progress=True) == list(range(50))
+    assert capsys.readouterr().err.endswith("\rpar_iter: 50/50 items\n")
+
+
+def test_plain_progress_without_known_total() -> None:
+    stream = io.StringIO()
+    display = PlainProgress(None, stream)
+    display.update(3)
+    display.update(4)
+    display.close()
+    assert stream.getvalue().endswith("\rpar_iter: 7 items\n")
+
+
+def test_tqdm_bar_when_installed_and_config_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    bars: list[Any] = []
+
+    class FakeTqdm:
+        def __init__(self, total: int | None, unit: str, desc: str) -> None:
+            self.total, self.count, self.closed = total, 0, False
+            bars.append(self)
+
+        def update(self, n: int) -> None:
+            self.count += n
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeTqdm))
+    veda.init(veda.Config.builder().gpu(False).progress(True).build())
+    assert par_iter(range(1000)).map(abs).sum() == sum(range(1000))
+    assert par_iter(range(1000)).filter(is_even).collect(progress=False) == list(range(0, 1000, 2))
+    assert [(bar.total, bar.count, bar.closed) for bar in bars] == [(1000, 1000, True)]
+    par_iter(range(10)).filter(is_even).count()
+    assert (bars[-1].total, bars[-1].count) == (None, 5)
+
+
+# --- the benchmark on a CPU-only machine ----------------------------------------------------
+
+def test_benchmark_runs_without_a_gpu_and_marks_gpu_columns_na() -> None:
+    from vedart.bench import par_iter as bench
+
+    result = bench.run(quick=True, matrices=3, size=64, map_sum_items=20_000)
+    assert result["note"] == "no GPU: GPU columns n/a" and "cupy_loop_s" not in result
+    assert result["map_sum_ratio"] == result["par_iter_map_sum_s"] / result["builtin_map_sum_s"]
+    text = bench.format_table(result)
+    assert "over 20,000 ints" in text and "(target <= 3.0)" in text
+    assert text.endswith("no GPU: GPU columns n/a")

@@ -1,0 +1,271 @@
+"""The ``gpu_map`` stage: each item goes through the @gpu machinery, on a GPU lane or a CPU worker.
+
+Per item, in input order, on the thread that drives the pipeline:
+1. ``wrapper.explain(item)`` under ``prefer_device(least loaded device)`` gives the @gpu
+   decision (``force=`` and ``veda.force`` blocks apply as they do to a direct call).
+2. CPU: the item joins a batch of consecutive CPU items, run on the worker pool through the
+   wrapper (its fast path), ``chunk_size`` items per task.
+3. GPU: the item goes to a lane of the decided device, admitted within the device's in-flight
+   bound (see :mod:`vedart.parallel.gpu_lanes`). When the device is full and a CPU worker is
+   idle, an item the :class:`HybridRating` rates competitive runs on that worker instead.
+Every item's placement is recorded in ``runtime.telemetry`` (``placements()``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from vedart.errors import ConfigError
+from vedart.offload.arguments import ON_DEVICE, host_bytes
+from vedart.offload.cost import Decision
+from vedart.offload.decorator import gpu
+from vedart.offload.force import forced_path, prefer_device
+from vedart.parallel.batch import Batch, ItemFailure, Reader
+from vedart.parallel.gpu_lanes import (
+    STREAMS_PER_DEVICE,
+    CudaBinding,
+    DeviceLanes,
+    GpuLanes,
+    current_lane,
+)
+from vedart.parallel.scheduler import (
+    WINDOW_PER_THREAD,
+    ChunkPolicy,
+    Scheduler,
+    WindowedReader,
+    in_context,
+)
+from vedart.parallel.task import Task
+from vedart.telemetry import Placement, Telemetry
+
+if TYPE_CHECKING:
+    from vedart.runtime import Runtime
+
+PROBE_FACTOR = 2.0  # before measurements, items under this x the threshold are CPU-competitive
+
+
+class GpuFunction(Protocol):
+    """A @veda.gpu wrapper, as gpu_map uses it."""
+
+    __name__: str
+    __wrapped__: Callable[..., Any]
+
+    def __call__(self, *args: Any) -> Any: ...
+
+    def explain(self, *args: Any) -> Decision: ...
+
+
+def is_gpu_wrapper(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` is already a @veda.gpu wrapper."""
+    return hasattr(function, "explain") and hasattr(function, "__wrapped__")
+
+
+def offloaded(function: Callable[..., Any], force: str | None) -> GpuFunction:
+    """``function`` as a @gpu wrapper (wrapped with ``force=`` unless it already is one)."""
+    if not is_gpu_wrapper(function):
+        return cast(GpuFunction, gpu(force=force)(function))
+    if force is not None:
+        raise ConfigError(f"force: got {force!r} for {function.__name__}, which is already "
+                          "@veda.gpu; allowed: None (give force= to @veda.gpu, or use a "
+                          "veda.force block)")
+    return cast(GpuFunction, function)
+
+
+class HybridRating:
+    """Whether an item the cost model sends to a full GPU would finish as soon on an idle CPU
+    worker, from this stage's own measurements.
+
+    Rates are seconds per input byte on each path (GPU: a lane's whole call, transfers
+    included). An item is competitive when the CPU rate is at most the GPU rate times the wait
+    factor ``1 + in_flight / lanes`` of its device. Until both rates are measured, only items
+    smaller than ``PROBE_FACTOR x threshold`` are (near the threshold the CPU is about as
+    fast, and running one measures the CPU rate).
+    """
+
+    def __init__(self, threshold: int) -> None:
+        self._threshold = threshold
+        self._lock = threading.Lock()
+        self._seconds = {"cpu": 0.0, "gpu": 0.0}
+        self._bytes = {"cpu": 0, "gpu": 0}
+
+    def observe(self, path: str, nbytes: int, seconds: float) -> None:
+        """Account one item of ``nbytes`` input bytes that took ``seconds`` on ``path``."""
+        with self._lock:
+            self._seconds[path] += seconds
+            self._bytes[path] += nbytes
+
+    def competitive(self, nbytes: int, lanes: DeviceLanes) -> bool:
+        with self._lock:
+            if not (self._bytes["cpu"] and self._bytes["gpu"]):
+                return nbytes < PROBE_FACTOR * self._threshold
+            cpu_rate = self._seconds["cpu"] / self._bytes["cpu"]
+            gpu_rate = self._seconds["gpu"] / self._bytes["gpu"]
+        return cpu_rate <= gpu_rate * (1 + lanes.in_flight / lanes.streams)
+
+
+@dataclass
+class _CpuItems:
+    """Consecutive items bound for the CPU, collected into one task."""
+
+    items: list[Any] = field(default_factory=list)
+    origins: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    failures: dict[int, ItemFailure] = field(default_factory=dict)
+
+    def add(self, item: Any, origin: int, nbytes: int) -> None:
+        if isinstance(item, ItemFailure):
+            self.failures[len(self.items)] = item
+        self.items.append(item)
+        self.origins.append(origin)
+        self.sizes.append(nbytes)
+
+
+class GpuMapReader(WindowedReader):
+    """The gpu_map stage on a runtime with a usable GPU (see the module docstring)."""
+
+    def __init__(self, upstream: Reader, wrapper: GpuFunction, label: str,
+                 runtime: Runtime, scheduler: Scheduler, lanes: GpuLanes,
+                 chunks: ChunkPolicy, device: int | None) -> None:
+        lane_capacity = sum(device_lanes.capacity for device_lanes in lanes.devices.values())
+        super().__init__(upstream, lane_capacity + WINDOW_PER_THREAD * scheduler.threads)
+        self._wrapper = wrapper
+        self._label = label
+        self._scheduler = scheduler
+        self._lanes = lanes
+        self._chunks = chunks
+        self._device = device
+        self._telemetry: Telemetry | None = runtime.telemetry if runtime.telemetry.enabled \
+            else None
+        options = getattr(wrapper, "gpu_options", None)
+        self._hybrid_allowed = getattr(options, "force", None) is None
+        threshold = getattr(options, "threshold", None)
+        self._rating = HybridRating(runtime.config.offload_threshold if threshold is None
+                                    else threshold)
+        import cupy  # a GPU is usable; CuPy arrays among the items are not bytes to move
+
+        self._device_type: type = cupy.ndarray
+        self._inbox = Batch([], [])
+        self._inbox_position = 0
+        self._cpu_items = _CpuItems()
+
+    def _fill(self) -> None:
+        try:
+            while self._has_room():
+                if self._inbox_position == len(self._inbox):
+                    batch = self._upstream.read(self._chunks.size)
+                    if batch is None:
+                        self._ended = True
+                        return
+                    self._inbox, self._inbox_position = batch, 0
+                position = self._inbox_position
+                self._inbox_position += 1
+                self._dispatch(self._inbox.items[position], self._inbox.origins[position])
+        finally:
+            self._flush_cpu()
+
+    def _dispatch(self, item: Any, origin: int) -> None:
+        if isinstance(item, ItemFailure):
+            self._add_cpu(item, origin, 0)
+            return
+        lanes = self._lanes.devices[self._device] if self._device is not None \
+            else self._lanes.least_loaded()
+        try:
+            with prefer_device(lanes.device):
+                decision = self._wrapper.explain(item)
+        except Exception as error:
+            self._add_cpu(ItemFailure(origin, self._label, error), origin, 0)
+            return
+        nbytes = host_bytes((item,), {}, self._device_type)
+        nbytes = 0 if nbytes >= ON_DEVICE else nbytes
+        if decision.path == "cpu":
+            self._add_cpu(item, origin, nbytes)
+            return
+        assert decision.device is not None, decision
+        lanes = self._lanes.devices.get(decision.device, lanes)  # an input's own device
+        self._flush_cpu()
+        task = Task(in_context(self._run_on_lane, item, origin, nbytes), helpable=False)
+        if not lanes.submit(task, nbytes, wait=False):
+            if self._hybrid_takes(nbytes, lanes):
+                hybrid = _CpuItems()
+                hybrid.add(item, origin, nbytes)
+                task = self._scheduler.submit(Task(in_context(
+                    self._run_on_cpu, self._wrapper.__wrapped__, "hybrid", hybrid)))
+            else:
+                lanes.submit(task, nbytes, wait=True)
+        self._push(task)
+
+    def _hybrid_takes(self, nbytes: int, lanes: DeviceLanes) -> bool:
+        return (self._hybrid_allowed and forced_path.get() is None
+                and self._scheduler.idle_workers() > 0 and self._rating.competitive(nbytes, lanes))
+
+    def _add_cpu(self, item: Any, origin: int, nbytes: int) -> None:
+        self._cpu_items.add(item, origin, nbytes)
+        if len(self._cpu_items.items) >= self._chunks.size:
+            self._flush_cpu()
+
+    def _flush_cpu(self) -> None:
+        if self._cpu_items.items:
+            items, self._cpu_items = self._cpu_items, _CpuItems()
+            self._push(self._scheduler.submit(Task(in_context(
+                self._run_on_cpu, self._wrapper, "cpu", items))))
+
+    def _run_on_cpu(self, function: Callable[[Any], Any], path: str, work: _CpuItems) -> Batch:
+        values: list[Any] = []
+        failures = dict(work.failures)
+        started_batch = time.perf_counter()
+        for position, (item, origin, nbytes) in enumerate(zip(work.items, work.origins,
+                                                              work.sizes)):
+            if position in failures:
+                values.append(item)
+                continue
+            started = time.perf_counter()
+            try:
+                value = function(item)
+            except Exception as error:
+                value = failures[position] = ItemFailure(origin, self._label, error)
+            finished = time.perf_counter()
+            self._rating.observe("cpu", nbytes, finished - started)
+            self._place(Placement(self._label, origin, path, started=started, finished=finished))
+            values.append(value)
+        if path == "cpu":  # hybrid items are GPU-sized: they would mis-size CPU batches
+            self._chunks.observe(len(work.items), time.perf_counter() - started_batch)
+        return Batch(values, work.origins, failures)
+
+    def _run_on_lane(self, item: Any, origin: int, nbytes: int) -> Batch:
+        lane = current_lane()
+        assert lane is not None, "lane tasks run only on lane threads"
+        started = time.perf_counter()
+        try:
+            with lane.activate(), prefer_device(lane.device):
+                value = self._wrapper(item)
+        except Exception as error:
+            value = ItemFailure(origin, self._label, error)
+        finished = time.perf_counter()
+        self._rating.observe("gpu", nbytes, finished - started)
+        self._place(Placement(self._label, origin, "gpu", lane.device, lane.index, started,
+                              finished))
+        return Batch([value], [origin], {0: value} if isinstance(value, ItemFailure) else {})
+
+    def _place(self, placement: Placement) -> None:
+        if self._telemetry is not None:
+            self._telemetry.record_placement(placement)
+
+
+def gpu_lanes_for(runtime: Runtime, scheduler: Scheduler) -> GpuLanes:
+    """The scheduler's lanes over the runtime's devices, created on first use."""
+    assert runtime.gpu, "gpu lanes need a usable GPU"
+    gpu_context = runtime.gpu
+    config = runtime.config
+
+    def fits(device: int, nbytes: int) -> bool:
+        free = gpu_context.free_memory(device) * config.gpu_memory_fraction
+        return config.memory_headroom * nbytes <= free
+
+    return scheduler.gpu_lanes(lambda: GpuLanes(
+        [device.ordinal for device in gpu_context.devices], STREAMS_PER_DEVICE, CudaBinding(),
+        fits))
+

@@ -1,0 +1,231 @@
+"""The runtime's scheduler: one worker pool shared by every par_iter pipeline, and the ordered,
+bounded, automatically chunked execution of a stage on it.
+
+Contracts:
+- A stage keeps at most ``window`` tasks in flight and reads its upstream only to fill that
+  window, so an endless or huge source is consumed lazily with bounded memory.
+- Results come back in input order whatever order the tasks finish in.
+- A thread waiting for a task nobody has started runs it itself, so a pipeline started inside
+  a worker (nested par_iter) never waits on a pool that is busy waiting on it.
+- ``shutdown()`` cancels queued tasks, stops the GPU lanes and joins the workers; a pipeline
+  still running then raises ParIterError.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from abc import abstractmethod
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import CancelledError
+from contextvars import copy_context
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from vedart.errors import ParIterError
+from vedart.parallel.batch import Batch, Reader, Stage
+from vedart.parallel.task import Task
+
+if TYPE_CHECKING:
+    from vedart.parallel.gpu_lanes import GpuLanes
+
+R = TypeVar("R")
+
+TARGET_TASK_SECONDS = 0.002  # long enough to amortise a task's ~20 us, short enough to cancel fast
+MAX_CHUNK = 8192             # items per task, which also bounds memory per task
+WINDOW_PER_THREAD = 2        # tasks in flight per worker: one running, one ready
+
+
+class Scheduler:
+    """A pool of ``threads`` daemon worker threads taking :class:`Task` objects in FIFO order,
+    plus the GPU lanes, created on first use by ``gpu_map``."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._queue: queue.SimpleQueue[Task[Any] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._closed = False
+        self._gpu_lanes: GpuLanes | None = None
+        self._workers = [threading.Thread(target=self._work, name=f"vedart-worker-{number}",
+                                          daemon=True) for number in range(threads)]
+        for worker in self._workers:
+            worker.start()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def submit(self, task: Task[R]) -> Task[R]:
+        """Queue ``task`` for the workers (cancelled at once when the scheduler is shut down)."""
+        with self._lock:
+            if not self._closed:
+                self._queue.put(task)
+                return task
+        task.cancel()
+        return task
+
+    def idle_workers(self) -> int:
+        """Workers waiting for work that no queued task will take (a snapshot)."""
+        with self._lock:
+            return max(self._idle - self._queue.qsize(), 0)
+
+    def gpu_lanes(self, create: Callable[[], GpuLanes]) -> GpuLanes:
+        """The GPU lanes, made by ``create()`` on first use; ParIterError after shutdown."""
+        with self._lock:
+            if self._closed:
+                raise shut_down_error()
+            if self._gpu_lanes is None:
+                self._gpu_lanes = create()
+            return self._gpu_lanes
+
+    def shutdown(self) -> None:
+        """Cancel queued tasks, stop the GPU lanes, let running tasks finish and join the
+        workers (all but the calling thread, when a task shuts its own runtime down).
+        Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            lanes = self._gpu_lanes
+        while True:
+            try:
+                task = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if task is not None:
+                task.cancel()
+        for _ in self._workers:
+            self._queue.put(None)
+        if lanes is not None:
+            lanes.shutdown()
+        current = threading.current_thread()
+        for worker in self._workers:
+            if worker is not current:
+                worker.join()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            task = self._queue.get()
+            with self._lock:
+                self._idle -= 1
+            if task is None:
+                return
+            if task.claim():
+                task.run()
+
+
+def shut_down_error() -> ParIterError:
+    return ParIterError("par_iter cancelled: the runtime's scheduler was shut down "
+                        "(veda.shutdown() or veda.init() during the pipeline)")
+
+
+def wait_for(task: Task[R]) -> R:
+    """The task's result; ParIterError when shutdown cancelled it."""
+    try:
+        return task.result()
+    except CancelledError:
+        raise shut_down_error() from None
+
+
+def in_context(work: Callable[..., R], *args: Any) -> Callable[[], R]:
+    """``work(*args)`` bound to a copy of the caller's context, so ``veda.force`` blocks and
+    other context variables around a pipeline apply on the thread that runs it."""
+    return partial(copy_context().run, work, *args)
+
+
+class ChunkPolicy:
+    """How many items one task gets: the user's ``par_iter(chunk_size=N)``, or, automatically,
+    enough for about TARGET_TASK_SECONDS of work by the latest measured seconds per item
+    (starting at 1, so costly items never wait behind each other in one task)."""
+
+    def __init__(self, fixed: int | None) -> None:
+        self._fixed = fixed
+        self.size = 1 if fixed is None else fixed
+
+    def observe(self, items: int, seconds: float) -> None:
+        """Account a task of ``items`` items that took ``seconds`` (called from workers; a
+        lost update between concurrent callers only delays the adjustment)."""
+        if self._fixed is not None or items == 0:
+            return
+        per_item = seconds / items
+        self.size = MAX_CHUNK if per_item <= 0 else max(1, min(MAX_CHUNK,
+                                                              int(TARGET_TASK_SECONDS / per_item)))
+
+
+class WindowedReader(Stage):
+    """A stage that computes ahead on other threads: up to ``window`` tasks in flight, each
+    making one output batch, delivered in the order they were pushed.
+
+    A ParIterError from upstream (the source failed) is raised only after the batches read
+    before it have been delivered. ``close()`` cancels the tasks not yet started; running ones
+    finish and their results are dropped.
+    """
+
+    def __init__(self, upstream: Reader, window: int) -> None:
+        super().__init__(upstream)
+        self._window = window
+        self._tasks: deque[Task[Batch]] = deque()
+        self._ended = False
+        self._deferred: ParIterError | None = None
+
+    def _next_batch(self, limit: int | None) -> Batch | None:
+        if not self._ended:
+            try:
+                self._fill()
+            except ParIterError as error:
+                self._deferred, self._ended = error, True
+        if not self._tasks:
+            if self._deferred is not None:
+                raise self._deferred
+            return None
+        return wait_for(self._tasks.popleft())
+
+    @abstractmethod
+    def _fill(self) -> None:
+        """Read upstream and :meth:`_push` tasks while :meth:`_has_room`; set ``_ended`` when
+        upstream is exhausted."""
+
+    def _has_room(self) -> bool:
+        return len(self._tasks) < self._window
+
+    def _push(self, task: Task[Batch]) -> None:
+        self._tasks.append(task)
+
+    def close(self) -> None:
+        self._ended = True
+        while self._tasks:
+            self._tasks.popleft().cancel()
+        super().close()
+
+
+class ParallelReader(WindowedReader):
+    """Runs ``work`` (a Batch -> Batch function) over upstream batches on the worker pool,
+    ``chunks.size`` items per task."""
+
+    def __init__(self, upstream: Reader, work: Callable[[Batch], Batch], scheduler: Scheduler,
+                 chunks: ChunkPolicy) -> None:
+        super().__init__(upstream, WINDOW_PER_THREAD * scheduler.threads)
+        self._work = work
+        self._scheduler = scheduler
+        self._chunks = chunks
+
+    def _fill(self) -> None:
+        while self._has_room():
+            batch = self._upstream.read(self._chunks.size)
+            if batch is None:
+                self._ended = True
+                return
+            self._push(self._scheduler.submit(Task(in_context(_timed, self._work, batch,
+                                                              self._chunks))))
+
+
+def _timed(work: Callable[[Batch], Batch], batch: Batch, chunks: ChunkPolicy) -> Batch:
+    started = time.perf_counter()
+    result = work(batch)
+    chunks.observe(len(batch), time.perf_counter() - started)
+    return result
