@@ -9,16 +9,21 @@ from vedart.errors import (
     ConfigError,
     DeviceError,
     GPUUnavailableError,
+    KernelLaunchError,
     OffloadError,
     OffloadWarning,
+    ParIterError,
+    SimulatorWarning,
     VedaError,
 )
 from vedart.gpu.devices import DeviceInfo
+from vedart.kernels.registry import get_kernel, gpu_kernel
 from vedart.lifecycle import get_runtime, init, shutdown
 from vedart.offload.cost import Decision
 from vedart.offload.decorator import gpu
 from vedart.offload.force import force
 from vedart.offload.results import to_host
+from vedart.parallel.par_iter import ParIter, par_iter
 from vedart.runtime import Runtime, empty_cache, report
 
 __all__ = [
@@ -29,16 +34,23 @@ __all__ = [
     "DeviceError",
     "DeviceInfo",
     "GPUUnavailableError",
+    "KernelLaunchError",
     "OffloadError",
     "OffloadWarning",
+    "ParIter",
+    "ParIterError",
     "Runtime",
+    "SimulatorWarning",
     "VedaError",
     "__version__",
     "empty_cache",
     "force",
+    "get_kernel",
     "get_runtime",
     "gpu",
+    "gpu_kernel",
     "init",
+    "par_iter",
     "report",
     "shutdown",
     "to_host",

@@ -33,3 +33,29 @@ class OffloadError(VedaError, RuntimeError):
 class OffloadWarning(RuntimeWarning):
     """A @gpu call fell back to the CPU after a GPU failure (issued once per function and kind
     of failure)."""
+
+
+class ParIterError(VedaError, RuntimeError):
+    """A par_iter pipeline could not deliver an item.
+
+    ``index`` is the failing item's position in the pipeline's source (None when no single
+    item is to blame, e.g. the scheduler was shut down); ``stage`` names the stage that raised,
+    e.g. ``"#2 map(parse)"`` or ``"source"``. The original exception is the ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, index: int | None = None,
+                 stage: str | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.stage = stage
+
+
+class KernelLaunchError(VedaError, ValueError):
+    """A kernel launch was refused before any work started (bad launch configuration, wrong
+    argument count, an output that is not an array, arrays on different devices, ...); the
+    message names the kernel, the argument or setting, the value and what is allowed."""
+
+
+class SimulatorWarning(RuntimeWarning):
+    """A @gpu_kernel ran in Numba's CUDA simulator because no GPU is usable and it has no
+    ``cpu=`` implementation (issued once per kernel): correct, but orders of magnitude slower."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import TextIO
 
@@ -11,8 +12,10 @@ from vedart._logging import apply_log_level, logger
 from vedart.config import Config
 from vedart.gpu.context import GPUContext
 from vedart.gpu.devices import DeviceProbe
+from vedart.kernels.registry import KERNELS, KernelRegistry
 from vedart.offload.adaptive import AdaptiveModel
 from vedart.offload.profile import ProfileFile, default_profile_path
+from vedart.parallel.scheduler import Scheduler, shut_down_error
 from vedart.telemetry import Telemetry
 
 # Config values accepted now whose machinery lands later; the runtime says so instead of
@@ -25,7 +28,9 @@ class Runtime:
 
     ``gpu`` is a :class:`GPUContext` (falsy when no GPU is usable, with the reason), or
     ``None`` when the configuration disables the GPU. ``telemetry`` records @gpu calls;
-    ``cost_model`` is the adaptive model (None under the static rule).
+    ``cost_model`` is the adaptive model (None under the static rule). ``kernels`` is the
+    process-wide @gpu_kernel registry (name -> handle), the same for every runtime because
+    kernels are registered when decorated, before or across runtimes.
     """
 
     def __init__(self, config: Config, *, device_probe: DeviceProbe | None = None) -> None:
@@ -35,6 +40,7 @@ class Runtime:
             if getattr(config, name) == value:
                 logger.warning("%s=%r is not implemented yet; using %r", name, value, used)
         self.telemetry = Telemetry(enabled=config.telemetry)
+        self.kernels: KernelRegistry = KERNELS
         self.gpu: GPUContext | None = GPUContext(config, device_probe) if config.gpu else None
         self.cost_model: AdaptiveModel | None = None
         if config.cost_model == "adaptive":
@@ -43,6 +49,8 @@ class Runtime:
                 default_profile_path(gpu_name)
             self.cost_model = AdaptiveModel(ProfileFile(path, gpu_name))
         self._closed = False
+        self._scheduler: Scheduler | None = None
+        self._scheduler_lock = threading.Lock()
         if self.gpu is not None and not self.gpu.is_available():
             logger.info("GPU unavailable: %s; @gpu functions run on the CPU",
                         self.gpu.unavailable_reason)
@@ -51,11 +59,26 @@ class Runtime:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def scheduler(self) -> Scheduler:
+        """The worker pool shared by every par_iter pipeline (``config.threads`` workers),
+        created on first use and shut down by :meth:`close`."""
+        with self._scheduler_lock:
+            if self._scheduler is None:
+                if self._closed:
+                    raise shut_down_error()
+                self._scheduler = Scheduler(self.config.threads)
+            return self._scheduler
+
     def close(self) -> None:
         """Release the runtime's pools and device handles. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        with self._scheduler_lock:
+            scheduler = self._scheduler
+        if scheduler is not None:
+            scheduler.shutdown()
         if self.cost_model is not None:
             self.cost_model.save()
         if self.gpu is not None:

@@ -38,6 +38,22 @@ class CallRecord:
     timestamp: float = 0.0
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a par_iter ``gpu_map`` stage ran one item: ``path`` is "gpu" (on ``device``'s lane
+    ``lane``), "cpu" (the cost model chose the CPU) or "hybrid" (rated for a GPU, run by an idle
+    CPU worker while the lanes were full). ``item`` is the source index; ``started`` and
+    ``finished`` are ``time.perf_counter()`` readings, comparable across items."""
+
+    stage: str
+    item: int
+    path: str
+    device: int | None = None
+    lane: int | None = None
+    started: float = 0.0
+    finished: float = 0.0
+
+
 class FunctionStats:
     """Aggregates of one function. Counters are exact under concurrent calls: the fast path
     counts with ``itertools.count`` (atomic in CPython), the slow path under a lock."""
@@ -105,14 +121,60 @@ def _count_value(counter: itertools.count) -> int:  # type: ignore[type-arg]
     return int(repr(counter)[len("count("):-1])
 
 
+KERNEL_PATHS = ("gpu", "simulator", "cpu")
+
+
+class KernelStats:
+    """Aggregates of one @gpu_kernel: launches by path (counted lock-free on the launch path
+    with ``itertools.count``), first-call compile seconds, and device seconds per launch from
+    CUDA events (recorded only when ``Config.profiling`` is on)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.launches = {path: itertools.count() for path in KERNEL_PATHS}
+        self._lock = threading.Lock()
+        self._compiles = 0
+        self._compile_seconds = 0.0
+        self._timed_launches = 0
+        self._kernel_seconds = 0.0
+
+    def add_compile(self, seconds: float) -> None:
+        with self._lock:
+            self._compiles += 1
+            self._compile_seconds += seconds
+
+    def add_kernel_time(self, seconds: float) -> None:
+        with self._lock:
+            self._timed_launches += 1
+            self._kernel_seconds += seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        launches = {path: _count_value(counter) for path, counter in self.launches.items()}
+        with self._lock:
+            timed, kernel_seconds = self._timed_launches, self._kernel_seconds
+            compiles, compile_seconds = self._compiles, self._compile_seconds
+        return {
+            "kernel": self.name,
+            "launches": sum(launches.values()),
+            **{f"{path}_launches": count for path, count in launches.items()},
+            "compiles": compiles,
+            "compile_seconds": compile_seconds,
+            "timed_launches": timed,
+            "mean_kernel_seconds": kernel_seconds / timed if timed else None,
+        }
+
+
 class Telemetry:
     """The runtime's telemetry: per-function stats and a bounded ring of recent records."""
 
     def __init__(self, enabled: bool = True, recent_limit: int = 1024) -> None:
         self.enabled = enabled
         self._functions: dict[str, FunctionStats] = {}
+        self._kernels: dict[str, KernelStats] = {}
         self._lock = threading.Lock()
         self._recent: deque[CallRecord] = deque(maxlen=recent_limit)
+        self._placements: deque[Placement] = deque(maxlen=recent_limit)
+        self._placement_counts: dict[tuple[str, str, int | None], int] = {}
 
     def function(self, name: str, threshold: int | None = None) -> FunctionStats:
         """The stats of function ``name``, created on first use; ``threshold``, when given, is
@@ -123,6 +185,11 @@ class Telemetry:
                 stats.threshold = threshold
         return stats
 
+    def kernel(self, name: str) -> KernelStats:
+        """The stats of @gpu_kernel ``name``, created on first use."""
+        with self._lock:
+            return self._kernels.setdefault(name, KernelStats(name))
+
     def record(self, record: CallRecord) -> None:
         self.function(record.function).add(record)
         self._recent.append(record)
@@ -131,12 +198,29 @@ class Telemetry:
         """The most recent slow-path records, oldest first."""
         return list(self._recent)
 
+    def record_placement(self, placement: Placement) -> None:
+        key = (placement.stage, placement.path, placement.device)
+        with self._lock:
+            self._placement_counts[key] = self._placement_counts.get(key, 0) + 1
+        self._placements.append(placement)
+
+    def placements(self) -> list[Placement]:
+        """The most recent gpu_map placements, oldest first."""
+        return list(self._placements)
+
+    def placement_counts(self) -> dict[tuple[str, str, int | None], int]:
+        """Items per (stage, path, device) over every gpu_map run of this runtime."""
+        with self._lock:
+            return dict(self._placement_counts)
+
     def snapshot(self) -> dict[str, Any]:
         """Everything recorded, as JSON-friendly data."""
         with self._lock:
             functions = list(self._functions.values())
+            kernels = list(self._kernels.values())
         return {
             "functions": [stats.as_dict() for stats in functions],
+            "kernels": [stats.as_dict() for stats in kernels],
             "recent": [asdict(record) for record in self.recent()],
         }
 
@@ -148,7 +232,8 @@ class Telemetry:
         """A per-function table: calls by path, mean GPU phase times, bytes moved, last reason."""
         rows = self.snapshot()["functions"]
         if not rows:
-            return "no @gpu calls recorded" + ("" if self.enabled else " (telemetry is off)")
+            return "no @gpu calls recorded" + ("" if self.enabled else " (telemetry is off)") \
+                + self._kernel_table()
         header = (f"{'function':<32} {'calls':>6} {'gpu':>5} {'cpu':>5} {'fallbk':>6} "
                   f"{'to-dev ms':>9} {'compute ms':>10} {'to-host ms':>10} {'moved':>9} "
                   f"{'GB/s':>6}  last decision")
@@ -165,4 +250,21 @@ class Telemetry:
                 f"{mean['to_host'] * 1e3:>10.3f} {moved:>9} {rate:>6}  "
                 f"{row['last_path']}: {row['last_reason']}"
             )
+        return "\n".join(lines) + self._kernel_table()
+
+    def _kernel_table(self) -> str:
+        """The @gpu_kernel table report() appends ("" before the first kernel launch)."""
+        rows = self.snapshot()["kernels"]
+        if not rows:
+            return ""
+        header = (f"{'kernel':<32} {'launches':>8} {'gpu':>6} {'simul':>6} {'cpu':>6} "
+                  f"{'compile s':>9} {'mean kernel ms':>14}")
+        lines = ["", "", header, "-" * len(header)]
+        for row in rows:
+            mean = "-" if row["mean_kernel_seconds"] is None else \
+                f"{row['mean_kernel_seconds'] * 1e3:.3f}"
+            lines.append(
+                f"{row['kernel'][-32:]:<32} {row['launches']:>8} {row['gpu_launches']:>6} "
+                f"{row['simulator_launches']:>6} {row['cpu_launches']:>6} "
+                f"{row['compile_seconds']:>9.3f} {mean:>14}")
         return "\n".join(lines)

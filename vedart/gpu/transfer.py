@@ -3,7 +3,8 @@
 Measured on the lent H100 (2026-11-22): ``cupy.asarray`` from pageable memory runs at 6-9 GB/s
 and ``.get()`` at 3-11 GB/s, while pinned memory reaches 54 GB/s both ways. So:
 
-- host -> device: arrays of at least ``Tuning.direct_below`` bytes are split into chunks; a
+- host -> device: arrays of at least ``Tuning.direct_below`` bytes are split into chunks (of
+  ``Tuning.chunk_bytes``, finer for arrays of only a few chunks); a
   thread pool copies chunks into a ring of pinned staging buffers (NumPy copies release the
   GIL) while the previous chunks are copied to the device asynchronously on the current CUDA
   stream. Each buffer has a CUDA event, and a buffer is refilled only after the copy out of it
@@ -41,7 +42,7 @@ class Tuning:
     (2026-11-22: 4 MiB chunks, 16 buffers, 8 threads gave 40 GB/s at 256 MB, the best of 48
     combinations; docs/performance.md records it)."""
 
-    direct_below: int = 4 * MIB        # host -> device: smaller arrays use cupy.asarray
+    direct_below: int = 1 * MIB        # host -> device: smaller arrays use cupy.asarray
     pinned_result_from: int = 64 * 1024  # device -> host: from this size results are pinned
     chunk_bytes: int = 4 * MIB
     buffers: int = 16
@@ -142,16 +143,19 @@ class TransferEngine:
             return cupy.asarray(array)
         try:
             target = cupy.empty(array.shape, array.dtype, order=layout)
-            self._stream_in(ring, np.ravel(array, order="K").view(np.uint8), target.data.ptr)
+            # Arrays of a few chunks are cut finer so every staging thread has a share.
+            chunk = min(self.tuning.chunk_bytes, max(MIB, array.nbytes // self.tuning.threads))
+            self._stream_in(ring, np.ravel(array, order="K").view(np.uint8), target.data.ptr, chunk)
         finally:
             self._return_ring(ring)
         return target
 
-    def _stream_in(self, ring: StagingRing, source: np.ndarray, target_address: int) -> None:
+    def _stream_in(self, ring: StagingRing, source: np.ndarray, target_address: int,
+                   chunk_bytes: int) -> None:
         import cupy
 
         stream = cupy.cuda.get_current_stream()
-        chunks = plan_chunks(source.nbytes, self.tuning.chunk_bytes)
+        chunks = plan_chunks(source.nbytes, chunk_bytes)
         count = len(ring.blocks)
 
         def fill(index: int) -> None:
