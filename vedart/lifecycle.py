@@ -1,8 +1,9 @@
 """The current runtime: ``init``, ``get_runtime``, ``shutdown``, and the accessor lower layers use.
 
-One runtime is current at a time. ``init`` replaces it (the old one is closed after the new one
-is installed, so concurrent callers always find a working runtime); ``get_runtime`` creates it
-from defaults and ``VEDART_*`` variables on first use. All three are thread-safe. The Runtime
+One runtime is current at a time. ``init`` replaces it: the old one is closed first (so what it
+holds, the adaptive profile, the device pool settings, is saved and released before the new one
+reads or sets them), then the new one is built and installed. ``get_runtime`` creates a runtime from defaults and ``VEDART_*`` variables on first use. All
+three are thread-safe. The Runtime
 class lives in the layer above (``vedart.runtime``) and registers itself as the factory here,
 so the offload and kernel layers can reach the runtime without importing upward.
 """
@@ -35,15 +36,26 @@ def _build(config: Config | None, device_probe: Any) -> Runtime:
 
 
 def init(config: Config | None = None, *, device_probe: Any = None) -> Runtime:
-    """Install a new runtime built from ``config`` (default: defaults + ``VEDART_*``), closing
-    the previous one. ``device_probe`` (a :class:`vedart.gpu.devices.DeviceProbe`) replaces
-    CUDA/NVML discovery, for tests and custom setups."""
+    """Close the current runtime and install a new one built from ``config`` (default: defaults
+    + ``VEDART_*``). If building fails (a ConfigError for an absent device, say), the error
+    propagates and the next ``get_runtime`` builds a default runtime. ``device_probe`` (a
+    :class:`vedart.gpu.devices.DeviceProbe`) replaces CUDA/NVML discovery, for tests and
+    custom setups.
+
+    Closing happens outside the lock: the old runtime's workers may still call
+    ``get_runtime`` while it joins them. A runtime another thread created in the meantime is
+    closed when the new one is installed."""
     global current
-    runtime = _build(config, device_probe)
+    config = Config.builder().build() if config is None else config
     with _lock:
-        previous, current = current, runtime
+        previous, current = current, None
     if previous is not None:
         previous.close()
+    runtime = _build(config, device_probe)
+    with _lock:
+        interim, current = current, runtime
+    if interim is not None:
+        interim.close()
     return runtime
 
 

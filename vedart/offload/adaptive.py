@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import marshal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -35,7 +36,7 @@ PATHS = ("cpu", "gpu")
 EXPLORE_TRIES = 2
 CLEARLY_WORSE = 2.0
 SAMPLES_KEPT = 8
-SAVE_EVERY = 8
+SAVE_INTERVAL_S = 30.0  # the profile is written at most this often, and when the runtime closes
 ADAPTIVE_FLOOR = 64 * 1024  # default threshold under the adaptive model: below it, the fast path
 
 
@@ -95,13 +96,19 @@ class AdaptiveModel:
         stored = data.get("calibration")
         self.calibration = calibration or (Calibration(**stored) if isinstance(stored, dict)
                                            else Calibration())
-        self._unsaved = 0
+        self._unsaved = profile is not None and profile.rejected  # replace a rejected file
+        self._saved_at = time.monotonic()
+        # Per-(function, signature) fits, dropped when a bucket's best time of a path changes.
+        self._fit_cache: dict[tuple[str, str], dict[str, Callable[[int], float] | None]] = {}
 
     def _samples(self, key: str, signature: str, bucket: int) -> dict[str, list[list[float]]]:
         buckets = self._data["functions"].setdefault(key, {})
         return buckets.setdefault(f"{signature}|{bucket}", {"cpu": [], "gpu": []})
 
     def _fits(self, key: str, signature: str) -> dict[str, Callable[[int], float] | None]:
+        cached = self._fit_cache.get((key, signature))
+        if cached is not None:
+            return cached
         best: dict[str, list[tuple[int, float]]] = {path: [] for path in PATHS}
         for name, samples in self._data["functions"].get(key, {}).items():
             if name.rsplit("|", 1)[0] != signature:
@@ -110,7 +117,9 @@ class AdaptiveModel:
                 if samples[path]:
                     seconds, nbytes = min(samples[path])
                     best[path].append((int(nbytes), seconds))
-        return {path: _fit(points) for path, points in best.items()}
+        fits = {path: _fit(points) for path, points in best.items()}
+        self._fit_cache[key, signature] = fits
+        return fits
 
     def choose(self, key: str, signature: str, nbytes: int) -> tuple[str, str]:
         """(path, reason) for a call with ``nbytes`` of host arrays of ``signature``."""
@@ -138,13 +147,17 @@ class AdaptiveModel:
                       f"{predicted['cpu'] * 1e3:.3g} ms at {size} ({count} samples)")
 
     def observe(self, key: str, signature: str, nbytes: int, path: str, seconds: float) -> None:
-        """Record one end-to-end time of ``path``; saves the profile now and then."""
+        """Record one end-to-end time of ``path``; writes the profile at most every
+        ``SAVE_INTERVAL_S`` seconds (and on :meth:`save`)."""
         with self._lock:
             kept = self._samples(key, signature, size_bucket(nbytes))[path]
+            best_before = min(kept) if kept else None
             kept.append([seconds, nbytes])
             del kept[:-SAMPLES_KEPT]
-            self._unsaved += 1
-            due = self._unsaved >= SAVE_EVERY
+            if min(kept) != best_before:
+                self._fit_cache.pop((key, signature), None)
+            self._unsaved = True
+            due = time.monotonic() - self._saved_at >= SAVE_INTERVAL_S
         if due:
             self.save()
 
@@ -152,13 +165,17 @@ class AdaptiveModel:
         with self._lock:
             self.calibration = calibration
             self._data["calibration"] = asdict(calibration)
+            self._unsaved = True
 
     def save(self) -> None:
         """Write the profile file (no-op without one)."""
         if self._profile is None:
             return
         with self._lock:
-            self._unsaved = 0
+            if not self._unsaved:
+                return
+            self._unsaved = False
+            self._saved_at = time.monotonic()
             snapshot = {"calibration": self._data.get("calibration"),
                         "functions": {key: {name: {path: list(times) for path, times in s.items()}
                                             for name, s in buckets.items()}

@@ -1,4 +1,5 @@
-"""The static cost model (the seed rule) and the Decision every @gpu call carries.
+"""The cost model's decision (the seed's static rule, with an optional learned size rule) and
+the Decision every @gpu call carries.
 
 GPU only when all hold: a GPU is usable; every array argument is a plain ndarray of a dtype
 CuPy supports; host-array bytes >= the threshold; the chosen device has at least
@@ -8,7 +9,7 @@ its size. Forcing skips the threshold and memory checks, never the usability che
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,9 +58,14 @@ def unsupported_reason(arrays: Sequence[np.ndarray]) -> str | None:
     return None
 
 
-def decide_static(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int,
-                  headroom: float, device: int | None, forcing: Forcing | None) -> Decision:
-    """The static decision for one call (see the module docstring for the rule)."""
+def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, headroom: float,
+           device: int | None, forcing: Forcing | None,
+           size_rule: Callable[[], tuple[str, str]] | None = None) -> Decision:
+    """The decision for one call (see the module docstring for the static rule).
+
+    ``size_rule`` (the adaptive model) replaces "at least the threshold" for calls that reach
+    it: it returns (path, reason), and the memory check, with its NVML query, runs only when it
+    chose the GPU."""
     wants_gpu = forcing is not None and forcing.path == "gpu"
     forced_by = f"forced by {forcing.source}" if forcing is not None else ""
 
@@ -89,14 +95,21 @@ def decide_static(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: in
         return Decision("gpu", f"input already on device {device}", device)
     if facts.host_bytes < threshold:
         return cpu(f"below threshold: {format_bytes(facts.host_bytes)} < {format_bytes(threshold)}")
+    model = "static" if size_rule is None else "adaptive"
+    learned_reason = ""
+    if size_rule is not None:
+        path, learned_reason = size_rule()
+        if path == "cpu":
+            return Decision("cpu", learned_reason, model=model)
     chosen, free = _most_free(gpu, [device] if device is not None else ordinals)
     needed = headroom * facts.host_bytes
     if free < needed:
         return cpu(f"device {chosen} has {format_bytes(free)} free, needs {format_bytes(needed)} "
                    f"({headroom:.1f}x inputs)")
-    return Decision("gpu", f"{format_bytes(facts.host_bytes)} >= threshold "
-                           f"{format_bytes(threshold)}; device {chosen} has {format_bytes(free)} free",
-                    chosen)
+    reason = learned_reason or (f"{format_bytes(facts.host_bytes)} >= threshold "
+                                f"{format_bytes(threshold)}; device {chosen} has "
+                                f"{format_bytes(free)} free")
+    return Decision("gpu", reason, chosen, model=model)
 
 
 def _most_free(gpu: GPUContext, ordinals: Sequence[int]) -> tuple[int, int]:

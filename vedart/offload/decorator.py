@@ -36,7 +36,7 @@ from vedart.offload.arguments import (
     map_arrays,
     scan,
 )
-from vedart.offload.cost import Decision, Forcing, decide_static
+from vedart.offload.cost import Decision, Forcing, decide
 from vedart.offload.failures import WarnOnce, failure_summary, is_gpu_failure
 from vedart.offload.force import check_path, forced_path, preferred_device
 from vedart.offload.results import result_bytes, results_to_host
@@ -180,19 +180,15 @@ class _Offload:
                kwargs: dict[str, Any]) -> Decision:
         runtime = plan.runtime
         assert runtime is not None
-        decision = decide_static(
+        model = runtime.cost_model
+        decision = decide(
             facts, gpu=runtime.gpu, threshold=plan.threshold,
             headroom=runtime.config.memory_headroom,
             device=self.options.device if self.options.device is not None or facts.device_ordinals
             else preferred_device.get(),
-            forcing=self.forcing())
-        model = runtime.cost_model
-        if (model is not None and decision.path == "gpu" and self.forcing() is None
-                and not facts.device_ordinals):
-            path, reason = model.choose(self.key, signature_of(facts.host_arrays),
-                                        facts.host_bytes)
-            decision = Decision(path, reason, decision.device if path == "gpu" else None,
-                                model="adaptive")
+            forcing=self.forcing(),
+            size_rule=None if model is None else lambda: model.choose(
+                self.key, signature_of(facts.host_arrays), facts.host_bytes))
         if decision.path == "gpu" and self._signature is not None:
             problem = self._writes_problem(args, kwargs)
             if problem is not None:

@@ -46,6 +46,7 @@ class ProfileFile:
     def __init__(self, path: Path, gpu_name: str | None) -> None:
         self.path = path
         self.identity = {"gpu": gpu_name, "cpu": cpu_model()}
+        self.rejected = False  # the last load ignored an existing file
 
     def load(self) -> dict[str, Any]:
         """The stored profile, or an empty one (with a warning when a file was rejected)."""
@@ -70,6 +71,7 @@ class ProfileFile:
         return data
 
     def _reject(self, why: str) -> None:
+        self.rejected = True
         message = f"ignoring the cost-model profile {self.path}: {why}"
         logger.warning(message)
         warnings.warn(message, RuntimeWarning, stacklevel=4)
