@@ -21,8 +21,10 @@ DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"
 
 @pytest.fixture()
 def engine() -> Any:
-    # Small chunks and a low cutoff so modest arrays exercise the staged, multi-chunk path.
+    # Small chunks and low cutoffs so modest arrays exercise both staged paths: filled by the
+    # caller (below 1 MiB) and by the staging threads (from 1 MiB), over several ring turns.
     engine = TransferEngine(2 * 2**30, Tuning(direct_below=64 * 1024, chunk_bytes=256 * 1024,
+                                              min_chunk_bytes=64 * 1024, pool_from=MB,
                                               buffers=3, threads=4))
     yield engine
     engine.close()

@@ -45,6 +45,8 @@ class Tuning:
     direct_below: int = 1 * MIB        # host -> device: smaller arrays use cupy.asarray
     pinned_result_from: int = 64 * 1024  # device -> host: from this size results are pinned
     chunk_bytes: int = 4 * MIB
+    min_chunk_bytes: int = 1 * MIB    # arrays of a few chunks are cut finer, down to this
+    pool_from: int = 16 * MIB         # from this size staging threads fill; below, the caller
     buffers: int = 16
     threads: int = 8
 
@@ -144,7 +146,8 @@ class TransferEngine:
         try:
             target = cupy.empty(array.shape, array.dtype, order=layout)
             # Arrays of a few chunks are cut finer so every staging thread has a share.
-            chunk = min(self.tuning.chunk_bytes, max(MIB, array.nbytes // self.tuning.threads))
+            chunk = min(self.tuning.chunk_bytes, max(self.tuning.min_chunk_bytes,
+                                                   array.nbytes // self.tuning.threads))
             self._stream_in(ring, np.ravel(array, order="K").view(np.uint8), target.data.ptr, chunk)
         finally:
             self._return_ring(ring)
@@ -164,17 +167,28 @@ class TransferEngine:
             ring.events[slot].synchronize()  # the copy out of this buffer has finished
             np.copyto(ring.views[slot][:size], source[offset:offset + size])
 
+        def send(index: int) -> None:
+            offset, size = chunks[index]
+            slot = index % count
+            cupy.cuda.runtime.memcpyAsync(target_address + offset, ring.blocks[slot].ptr, size,
+                                          cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+            ring.events[slot].record(stream)
+
+        if source.nbytes < self.tuning.pool_from:
+            # Mid-size arrays: handing chunks to other threads costs more than it saves, so
+            # the caller fills while earlier chunks are in flight (concurrent callers, such
+            # as par_iter lanes, still copy in parallel: NumPy releases the GIL).
+            for index in range(len(chunks)):
+                fill(index)
+                send(index)
+            return
         executor = self._fill_pool()
         pending: dict[int, Future[None]] = {
             index: executor.submit(fill, index) for index in range(min(count, len(chunks)))}
         try:
-            for index, (offset, size) in enumerate(chunks):
+            for index in range(len(chunks)):
                 pending.pop(index).result()
-                slot = index % count
-                cupy.cuda.runtime.memcpyAsync(target_address + offset, ring.blocks[slot].ptr,
-                                              size, cupy.cuda.runtime.memcpyHostToDevice,
-                                              stream.ptr)
-                ring.events[slot].record(stream)
+                send(index)
                 if index + count < len(chunks):
                     pending[index + count] = executor.submit(fill, index + count)
         finally:
