@@ -182,3 +182,35 @@ def test_cpu_calls_chosen_by_the_model_are_learned(tmp_path: Path) -> None:
             assert total(x) == 1e6
     samples = model._samples(key, signature_of([x]), size_bucket(x.nbytes))
     assert len(samples["cpu"]) >= EXPLORE_TRIES
+
+
+def test_cpu_ceiling_covers_sizes_settled_on_the_cpu_from_the_smallest_up() -> None:
+    model = AdaptiveModel()
+    assert model.cpu_ceiling("f") == 0
+    for nbytes in (256 * 1024, 1 * MB):
+        feed(model, nbytes, {"cpu": 1e-5, "gpu": 1e-3}, calls=2 * EXPLORE_TRIES)
+    feed(model, 16 * MB, {"cpu": 1e-2, "gpu": 1e-3}, calls=2 * EXPLORE_TRIES)
+    assert model.cpu_ceiling("f") == 2 ** (size_bucket(1 * MB) + 1)
+    feed(model, 64 * 1024, {"cpu": 1e-3, "gpu": 1e-5}, calls=2 * EXPLORE_TRIES)  # gpu below
+    assert model.cpu_ceiling("f") == 0
+
+
+def test_settled_cpu_sizes_take_the_fast_path_with_an_adaptive_reason(tmp_path: Path) -> None:
+    config = veda.Config.builder().cost_model("adaptive").profile_path(
+        str(tmp_path / "p.json")).build()
+    runtime = veda.init(config, device_probe=FakeProbe())
+
+    @veda.gpu
+    def total(x: np.ndarray) -> float:
+        return float(x.sum())
+
+    x = np.ones(10**5)
+    with pytest.warns(veda.OffloadWarning):  # the GPU fails for real here: the CPU wins
+        for _ in range(4 * EXPLORE_TRIES):
+            total(x)
+    stats = runtime.telemetry.function(f"{__name__}.{total.__qualname__}")
+    recorded = len(runtime.telemetry.recent())
+    assert total(x) == 1e5
+    assert len(runtime.telemetry.recent()) == recorded  # fast path: no slow-path record
+    path, reason = stats.last_decision()  # type: ignore[misc]
+    assert path == "cpu" and reason.startswith("adaptive: cpu learned faster below: 800.0 KB <")

@@ -61,6 +61,7 @@ class FunctionStats:
     def __init__(self, name: str, threshold: int = 0) -> None:
         self.name = name
         self.threshold = threshold
+        self.below_rule = "below threshold"  # what the fast path's size cut-off is called
         self.fast_cpu_calls = itertools.count()  # advanced by the @gpu fast path
         # The last decision: a CallRecord, a fixed fast-path reason, or the host bytes of a
         # below-threshold fast-path call (formatted only when read).
@@ -89,7 +90,7 @@ class FunctionStats:
         if isinstance(last, CallRecord):
             return last.path, last.reason
         if isinstance(last, int):
-            return "cpu", (f"below threshold: {format_bytes(last)} < "
+            return "cpu", (f"{self.below_rule}: {format_bytes(last)} < "
                            f"{format_bytes(self.threshold)}")
         return "cpu", last
 

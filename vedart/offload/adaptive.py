@@ -33,7 +33,7 @@ from vedart.offload.profile import ProfileFile
 from vedart.units import format_bytes
 
 PATHS = ("cpu", "gpu")
-EXPLORE_TRIES = 2
+EXPLORE_TRIES = 3
 CLEARLY_WORSE = 2.0
 SAMPLES_KEPT = 8
 SAVE_INTERVAL_S = 30.0  # the profile is written at most this often, and when the runtime closes
@@ -123,11 +123,31 @@ class AdaptiveModel:
 
     def choose(self, key: str, signature: str, nbytes: int) -> tuple[str, str]:
         """(path, reason) for a call with ``nbytes`` of host arrays of ``signature``."""
-        size = f"~{format_bytes(nbytes)}"
         with self._lock:
             samples = self._samples(key, signature, size_bucket(nbytes))
-            best = {path: min(samples[path])[0] if samples[path] else None for path in PATHS}
             fits = self._fits(key, signature)
+        return self._choose(samples, fits, nbytes)
+
+    def cpu_ceiling(self, key: str) -> int:
+        """Bytes below which every size this function has been seen at is settled on the CPU
+        (explored, and the CPU won): calls below it can skip the model. 0 when none is."""
+        with self._lock:
+            buckets = sorted((int(name.rsplit("|", 1)[1]), name.rsplit("|", 1)[0], samples)
+                             for name, samples in self._data["functions"].get(key, {}).items()
+                             if samples["cpu"] or samples["gpu"])
+            fits = {signature: self._fits(key, signature) for _, signature, _ in buckets}
+        ceiling = 0
+        for bucket, signature, samples in buckets:
+            path, reason = self._choose(samples, fits[signature], 2**bucket)
+            if path != "cpu" or "exploring" in reason:
+                break
+            ceiling = 2 ** (bucket + 1)
+        return ceiling
+
+    def _choose(self, samples: dict[str, list[list[float]]],
+                fits: dict[str, Callable[[int], float] | None], nbytes: int) -> tuple[str, str]:
+        size = f"~{format_bytes(nbytes)}"
+        best = {path: min(samples[path])[0] if samples[path] else None for path in PATHS}
         predicted = {path: best[path] if best[path] is not None
                      else (fits[path](nbytes) if fits[path] is not None
                            else self.calibration.predict(path, nbytes)) for path in PATHS}

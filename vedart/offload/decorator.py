@@ -124,6 +124,9 @@ class _Offload:
         self.name = _qualified_name(func)
         self.key = function_key(func, self.name)
         self._gpu_warm = False
+        # Under the adaptive model: bytes below which this function is settled on the CPU, so
+        # the fast path skips the model (read on every call; replaced, never mutated).
+        self.learned_floor = 0
         self.plan = _Plan(runtime=_NEVER_CURRENT)
         self._clone: Callable[..., Any] | None = None
         self._signature: inspect.Signature | None = None
@@ -166,7 +169,17 @@ class _Offload:
             else None,
             device_type=device_type,
         )
+        self._update_learned_floor(runtime)
         return self.plan
+
+    def _update_learned_floor(self, runtime: Runtime) -> None:
+        model = runtime.cost_model
+        floor = 0 if model is None or self.options.threshold is not None \
+            else model.cpu_ceiling(self.key)
+        self.learned_floor = floor
+        stats = self.plan.stats
+        if stats is not None and floor > self.plan.threshold:
+            stats.threshold, stats.below_rule = floor, "adaptive: cpu learned faster below"
 
     def forcing(self) -> Forcing | None:
         in_context = forced_path.get()
@@ -253,6 +266,7 @@ class _Offload:
             return
         runtime.cost_model.observe(self.key, signature_of(facts.host_arrays), facts.host_bytes,
                                    decision.path, seconds)
+        self._update_learned_floor(runtime)
 
     def _run_on_cpu(self, plan: _Plan, path: str, reason: str, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
@@ -331,7 +345,7 @@ def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., An
                 return func(*args, **kwargs)
             if check_threshold:
                 nbytes = host_bytes(args, kwargs, plan.device_type)
-                if nbytes < plan.threshold:
+                if nbytes < plan.threshold or nbytes < offload.learned_floor:
                     if stats is not None:
                         next(stats.fast_cpu_calls)
                         stats.last = nbytes
