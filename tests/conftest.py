@@ -1,30 +1,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import cache
 
 import pytest
+from fakes import gpu_unavailable_reason
 
 import vedart as veda
 
 
-@cache
-def gpu_unavailable_reason() -> str | None:
-    """Why the real GPU tests cannot run here, or None when a CUDA GPU is usable."""
-    from vedart.gpu.devices import CudaProbe
-
-    probe = CudaProbe()
-    try:
-        return probe.discover().unavailable_reason
-    finally:
-        probe.close()
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
-    if not gpu_items or gpu_unavailable_reason() is None:
+    if not gpu_items:
         return
-    skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {gpu_unavailable_reason()}")
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {reason}")
     for item in gpu_items:
         item.add_marker(skip)
 

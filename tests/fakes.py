@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vedart.gpu.devices import DeviceInfo, Discovery
+from vedart.gpu.devices import CudaProbe, DeviceInfo, Discovery
 
 GIB = 10**9
 
@@ -39,3 +39,12 @@ class FakeProbe:
 
     def close(self) -> None:
         self.closed = True
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why no real CUDA GPU is usable here, or None when one is (real discovery)."""
+    probe = CudaProbe()
+    try:
+        return probe.discover().unavailable_reason
+    finally:
+        probe.close()

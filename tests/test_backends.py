@@ -16,18 +16,10 @@ from numba import cuda
 from vedart.backends import Backend, CPUBackend, CUDABackend, get_backend
 from vedart.backends.dims import CUDA_LIMITS
 from vedart.errors import ConfigError, DeviceError, GPUUnavailableError, KernelLaunchError
-from vedart.gpu.devices import CudaProbe
+from fakes import gpu_unavailable_reason
 
 
-def discovery_reason() -> str | None:
-    probe = CudaProbe()
-    try:
-        return probe.discover().unavailable_reason
-    finally:
-        probe.close()
-
-
-without_cuda = pytest.mark.skipif(discovery_reason() is None, reason="a CUDA GPU is usable here")
+without_cuda = pytest.mark.skipif(gpu_unavailable_reason() is None, reason="a CUDA GPU is usable here")
 
 
 @cuda.jit
@@ -38,10 +30,10 @@ def vector_add(a, b, c):  # type: ignore[no-untyped-def]
 
 
 @without_cuda
-def test_cuda_backend_without_cuda_raises_with_the_discovery_reason() -> None:
+def test_cuda_backend_without_cuda_raises_with_the_gpu_unavailable_reason() -> None:
     with pytest.raises(GPUUnavailableError) as error:
         CUDABackend(device_id=0)
-    assert str(error.value) == f"CUDA backend unavailable: {discovery_reason()}"
+    assert str(error.value) == f"CUDA backend unavailable: {gpu_unavailable_reason()}"
     assert isinstance(error.value, RuntimeError)
     assert CUDABackend.check_available() is False
 

@@ -29,13 +29,6 @@ from vedart.kernels.registry import KernelHandle, gpu_kernel
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def gpu_runtime() -> veda.Runtime:
-    runtime = veda.init(veda.Config.builder().gpu(True).build())
-    assert runtime.gpu, runtime.gpu and runtime.gpu.unavailable_reason
-    return runtime
-
-
 def rand(*shape: int, dtype: Any = np.float32) -> np.ndarray:
     return (np.random.default_rng().random(shape) * 100).astype(dtype)
 

@@ -16,13 +16,6 @@ import vedart as veda
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def gpu_runtime() -> veda.Runtime:
-    runtime = veda.init(veda.Config.builder().gpu(True).build())
-    assert runtime.gpu, runtime.gpu and runtime.gpu.unavailable_reason
-    return runtime
-
-
 def last(func: Any) -> tuple[str, str]:
     name = f"{func.__module__}.{func.__qualname__}"
     decision = veda.get_runtime().telemetry.function(name).last_decision()

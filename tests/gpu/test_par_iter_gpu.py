@@ -21,13 +21,6 @@ pytestmark = pytest.mark.gpu
 RTOL_FLOAT32 = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def gpu_runtime() -> veda.Runtime:
-    runtime = veda.init(veda.Config.builder().gpu(True).build())
-    assert runtime.gpu, runtime.gpu and runtime.gpu.unavailable_reason
-    return runtime
-
-
 def matrices(count: int, size: int = 1000, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.random((size, size), dtype=np.float32) for _ in range(count)]
