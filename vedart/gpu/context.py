@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 from vedart.config import Config
 from vedart.errors import ConfigError, DeviceError, GPUUnavailableError
+from vedart.backends.cuda import CUDABackend
 from vedart.gpu.devices import CudaProbe, DeviceInfo, DeviceProbe
 from vedart.gpu.memory import DeviceMemory
 from vedart.gpu.transfer import TransferEngine
@@ -35,6 +38,8 @@ class GPUContext:
         self._by_ordinal = {device.ordinal: device for device in self.devices}
         self.transfers: TransferEngine | None = None
         self.memory: DeviceMemory | None = None
+        self._backends: dict[int, CUDABackend] = {}
+        self._backends_lock = threading.Lock()
         if self.is_available():
             self.transfers = TransferEngine(config.pinned_memory_limit)
             self.memory = DeviceMemory([device.ordinal for device in self.devices],
@@ -63,6 +68,17 @@ class GPUContext:
                 f"device: got {ordinal!r}; allowed: one of the runtime's CUDA ordinals "
                 f"{sorted(self._by_ordinal)}"
             ) from None
+
+    def device_backend(self, ordinal: int | None = None) -> CUDABackend:
+        """The :class:`~vedart.backends.CUDABackend` of configured device ``ordinal`` (None: the
+        first), created on first use and shared by everything the runtime launches there
+        (``@gpu_kernel`` included), so compiled kernels are cached once per device."""
+        info = self.device(ordinal)
+        with self._backends_lock:
+            backend = self._backends.get(info.ordinal)
+            if backend is None:
+                backend = self._backends[info.ordinal] = CUDABackend(device_id=info.ordinal)
+            return backend
 
     def free_memory(self, ordinal: int) -> int:
         """Free bytes on device ``ordinal`` now (NVML; the cost model's query)."""

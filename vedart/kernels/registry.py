@@ -31,7 +31,7 @@ from typing import Any, overload
 
 from vedart import lifecycle
 from vedart._logging import logger
-from vedart.backends import Backend, CPUBackend, CUDABackend
+from vedart.backends import Backend, CPUBackend
 from vedart.backends.dims import CUDA_LIMITS, LaunchDims, launch_dims
 from vedart.errors import ConfigError, GPUUnavailableError, KernelLaunchError, SimulatorWarning
 from vedart.kernels.arguments import (
@@ -49,21 +49,16 @@ from vedart.telemetry import KernelStats
 _NEVER_CURRENT: Any = object()  # a route "runtime" that is never lifecycle.current
 _CONFIGURED_CACHE_LIMIT = 256
 _HOST = CPUBackend()
-_device_backends: dict[int, Backend] = {}
-_device_backends_lock = threading.Lock()
 _warning_lock = threading.Lock()
 
 
 def cuda_backend(ordinal: int) -> Backend:
-    """The process's backend for CUDA device ``ordinal``, shared by every kernel (created on
-    first use). The seam through which tests give kernels a stand-in device."""
-    backend = _device_backends.get(ordinal)
-    if backend is None:
-        with _device_backends_lock:
-            backend = _device_backends.get(ordinal)
-            if backend is None:
-                backend = _device_backends[ordinal] = CUDABackend(device_id=ordinal)
-    return backend
+    """The current runtime's backend for CUDA device ``ordinal`` (``runtime.gpu.device_backend``),
+    shared by every kernel. The seam through which tests give kernels a stand-in device."""
+    gpu = lifecycle.get_runtime().gpu
+    if not gpu:
+        raise GPUUnavailableError("no GPU: the runtime has no usable GPU for this kernel launch")
+    return gpu.device_backend(ordinal)
 
 
 @dataclass(frozen=True)
