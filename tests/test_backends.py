@@ -11,13 +11,17 @@ import numba
 import numpy as np
 import psutil
 import pytest
+from fakes import gpu_unavailable_reason
 from numba import cuda
 
 from vedart.backends import Backend, CPUBackend, CUDABackend, get_backend
 from vedart.backends.dims import CUDA_LIMITS
-from vedart.errors import ConfigError, DeviceError, GPUUnavailableError, KernelLaunchError
-from fakes import gpu_unavailable_reason
-
+from vedart.errors import (
+    ConfigError,
+    DeviceError,
+    GPUUnavailableError,
+    KernelLaunchError,
+)
 
 without_cuda = pytest.mark.skipif(gpu_unavailable_reason() is None, reason="a CUDA GPU is usable here")
 

@@ -704,7 +704,10 @@ def test_argument_key_covers_cupy_arrays_and_plain_scalars() -> None:
 
 @pytest.mark.parametrize("view", ["c", "f", "strided", "0d"])
 def test_array_parameters_match_numbas_own_marshalling(view: str) -> None:
-    from numba.cuda.cudadrv.devicearray import _StridedLayoutShim, _StridedMemoryViewShim
+    from numba.cuda.cudadrv.devicearray import (
+        _StridedLayoutShim,
+        _StridedMemoryViewShim,
+    )
     from numba.cuda.dispatcher import _Kernel
 
     base = device_array((6, 8), dtype=np.float64)

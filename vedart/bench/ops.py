@@ -107,7 +107,7 @@ def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     inputs = {(op, size): make_input(OPS[op][1], OPS[op][2], size, seed=index)
               for index, (op, size) in enumerate((op, s) for op in OPS for s in sizes)}
-    for (op, size), x in inputs.items():
+    for (op, _), x in inputs.items():
         row: dict[str, Any] = {"op": op, "bytes": int(x.nbytes)}
         row.update({f"{path}_s": t for path, t in _case_times(OPS[op][0], x, repeats, cupy).items()})
         row["static_s"], row["static_reason"] = _vedart_time(OPS[op][0], x, repeats, warmup=1)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
+from vedart.backends.cuda import CUDABackend
 from vedart.config import Config
 from vedart.errors import ConfigError, DeviceError, GPUUnavailableError
-from vedart.backends.cuda import CUDABackend
 from vedart.gpu.devices import CudaProbe, DeviceInfo, DeviceProbe
 from vedart.gpu.memory import DeviceMemory
 from vedart.gpu.transfer import TransferEngine

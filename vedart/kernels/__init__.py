@@ -4,6 +4,12 @@ See docs/kernels.md. Launches go through :mod:`vedart.backends` (the one device 
 without a GPU a kernel runs its ``cpu=`` implementation or Numba's CUDA simulator.
 """
 
-from vedart.kernels.registry import KERNELS, KernelHandle, KernelRegistry, get_kernel, gpu_kernel
+from vedart.kernels.registry import (
+    KERNELS,
+    KernelHandle,
+    KernelRegistry,
+    get_kernel,
+    gpu_kernel,
+)
 
 __all__ = ["KERNELS", "KernelHandle", "KernelRegistry", "get_kernel", "gpu_kernel"]

@@ -33,7 +33,12 @@ from vedart import lifecycle
 from vedart._logging import logger
 from vedart.backends import Backend, CPUBackend
 from vedart.backends.dims import CUDA_LIMITS, LaunchDims, launch_dims
-from vedart.errors import ConfigError, GPUUnavailableError, KernelLaunchError, SimulatorWarning
+from vedart.errors import (
+    ConfigError,
+    GPUUnavailableError,
+    KernelLaunchError,
+    SimulatorWarning,
+)
 from vedart.kernels.arguments import (
     BoundCall,
     KernelParameters,
