@@ -29,10 +29,9 @@ def register_factory(factory: Callable[..., Runtime]) -> None:
     _factory = factory
 
 
-def _build(config: Config | None, device_probe: Any) -> Runtime:
+def _build(config: Config, device_probe: Any) -> Runtime:
     assert _factory is not None, "vedart.runtime registers the Runtime factory at import"
-    return _factory(Config.builder().build() if config is None else config,
-                    device_probe=device_probe)
+    return _factory(config, device_probe=device_probe)
 
 
 def init(config: Config | None = None, *, device_probe: Any = None) -> Runtime:
@@ -67,7 +66,7 @@ def get_runtime() -> Runtime:
         return runtime
     with _lock:
         if current is None:
-            current = _build(None, None)
+            current = _build(Config.builder().build(), None)
         return current
 
 

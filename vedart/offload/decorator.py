@@ -194,18 +194,19 @@ class _Offload:
         runtime = plan.runtime
         assert runtime is not None
         model = runtime.cost_model
+        forcing = self.forcing()
         decision = decide(
             facts, gpu=runtime.gpu, threshold=plan.threshold,
             headroom=runtime.config.memory_headroom,
             device=self.options.device if self.options.device is not None or facts.device_ordinals
             else preferred_device.get(),
-            forcing=self.forcing(),
+            forcing=forcing,
             size_rule=None if model is None else lambda: model.choose(
                 self.key, signature_of(facts.host_arrays), facts.host_bytes))
         if decision.path == "gpu" and self._signature is not None:
             problem = self._writes_problem(args, kwargs)
             if problem is not None:
-                return Decision("cpu", problem, refused=decision.reason.startswith("forced"))
+                return Decision("cpu", problem, refused=forcing is not None)
         return decision
 
     def _writes_problem(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -234,10 +235,9 @@ class _Offload:
             self._learn(runtime, decision, facts, time.perf_counter() - started)
             return result
         assert decision.device is not None
+        started = time.perf_counter()
         try:
-            started = time.perf_counter()
             result, record = self._run_on_gpu(decision, facts.host_bytes, args, kwargs)
-            self._learn(runtime, decision, facts, time.perf_counter() - started)
         except Exception as error:
             if not is_gpu_failure(error):
                 raise
@@ -251,6 +251,7 @@ class _Offload:
             # A failed GPU attempt costs its time plus the re-run: learn it as the GPU's time.
             self._learn(runtime, decision, facts, time.perf_counter() - started)
             return result
+        self._learn(runtime, decision, facts, time.perf_counter() - started)
         if plan.stats is not None:
             runtime.telemetry.record(record)
         return result
