@@ -30,6 +30,31 @@ def engine() -> Any:
     engine.close()
 
 
+@pytest.fixture()
+def staging_engine() -> Any:
+    # Stages ahead every array from 64 KiB up to 64 MiB (what par_iter's lanes use).
+    engine = TransferEngine(2 * 2**30, Tuning(direct_below=64 * 1024, pool_from=64 * MB))
+    yield engine
+    engine.close()
+
+
+def moved(engine: TransferEngine, staging_engine: TransferEngine, how: str,
+          host: np.ndarray) -> Any:
+    """``host`` on the device by ``to_device``, or staged ahead then uploaded."""
+    if how == "to_device":
+        return engine.to_device(host)
+    import cupy
+
+    staged = staging_engine.stage(host)
+    assert staging_engine.stages(host) == (staged is not host)
+    device = staging_engine.upload(staged)
+    cupy.cuda.get_current_stream().synchronize()
+    return device
+
+
+HOW = ["to_device", "stage+upload"]
+
+
 def random_array(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=int(np.prod(shape)) * np.dtype(dtype).itemsize, dtype=np.uint8)
@@ -41,19 +66,23 @@ def random_array(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     return array
 
 
+@pytest.mark.parametrize("how", HOW)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(0,), (), (7,), (1000, 333), (3, 200_001)])
-def test_round_trip_is_byte_exact(engine: TransferEngine, dtype: str, shape: tuple[int, ...]) -> None:
+def test_round_trip_is_byte_exact(engine: TransferEngine, staging_engine: TransferEngine,
+                                  how: str, dtype: str, shape: tuple[int, ...]) -> None:
     host = random_array(dtype, shape, seed=len(shape) * 31 + np.dtype(dtype).num)
-    device = engine.to_device(host)
+    device = moved(engine, staging_engine, how, host)
     assert device.shape == host.shape and device.dtype == host.dtype
     back = engine.to_host(device)
     assert type(back) is np.ndarray and back.dtype == host.dtype and back.shape == host.shape
     assert back.tobytes() == host.tobytes()
 
 
+@pytest.mark.parametrize("how", HOW)
 @pytest.mark.parametrize("layout", ["fortran", "strided", "readonly", "bigendian", "broadcast"])
-def test_layouts_round_trip(engine: TransferEngine, layout: str) -> None:
+def test_layouts_round_trip(engine: TransferEngine, staging_engine: TransferEngine, how: str,
+                            layout: str) -> None:
     base = np.random.default_rng(5).standard_normal((700, 900))
     host = {
         "fortran": np.asfortranarray(base),
@@ -65,7 +94,7 @@ def test_layouts_round_trip(engine: TransferEngine, layout: str) -> None:
     if layout == "readonly":
         host.flags.writeable = False
     before = host.copy()
-    back = engine.to_host(engine.to_device(host))
+    back = engine.to_host(moved(engine, staging_engine, how, host))
     np.testing.assert_array_equal(back, host)
     np.testing.assert_array_equal(host, before)  # the caller's array is only read
     if layout == "fortran":

@@ -9,6 +9,11 @@ and ``.get()`` at 3-11 GB/s, while pinned memory reaches 54 GB/s both ways. So:
   GIL) while the previous chunks are copied to the device asynchronously on the current CUDA
   stream. Each buffer has a CUDA event, and a buffer is refilled only after the copy out of it
   has completed. Smaller arrays go direct.
+- host -> device, staged ahead: :meth:`TransferEngine.stage` copies a mid-size array (from
+  ``Tuning.direct_below`` up to ``Tuning.pool_from``) into pooled pinned memory on one of the
+  staging threads, ahead of time, and :meth:`TransferEngine.upload` later sends it to the
+  device with one asynchronous copy. par_iter's GPU lanes stage the next items this way while
+  the current ones compute, so the lane thread never copies host memory itself.
 - device -> host: results land in pooled pinned memory by one asynchronous copy, and are handed
   out as ordinary ``numpy.ndarray`` objects (the memory returns to the pool when they are
   garbage-collected), up to ``Config.pinned_memory_limit``; past it, ``.get()`` copies them
@@ -24,9 +29,10 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -34,6 +40,7 @@ from vedart import lifecycle
 from vedart.gpu.pinned import PinnedPool
 
 MIB = 2**20
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,19 @@ def contiguous_layout(array: Any) -> str | None:
     if array.flags.f_contiguous:
         return "F"
     return None
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A host array's contents in pinned memory (native byte order, C or Fortran order), ready
+    for :meth:`TransferEngine.upload`. The pinned block returns to the pool when this object
+    is dropped: keep it until the upload has completed (its stream synchronised)."""
+
+    pinned: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.pinned.nbytes
 
 
 class StagingRing:
@@ -151,6 +171,43 @@ class TransferEngine:
             self._stream_in(ring, np.ravel(array, order="K").view(np.uint8), target.data.ptr, chunk)
         finally:
             self._return_ring(ring)
+        return target
+
+    def stages(self, array: np.ndarray) -> bool:
+        """Whether :meth:`stage` would copy ``array`` ahead (a mid-size array; smaller ones go
+        direct and larger ones stream through the staging ring at upload)."""
+        return self.tuning.direct_below <= array.nbytes < self.tuning.pool_from
+
+    def stage(self, array: np.ndarray) -> Staged | np.ndarray:
+        """A pinned copy of ``array`` when :meth:`stages` says so and the pinned limit allows,
+        else ``array`` itself (:meth:`upload` moves either). Blocking; NumPy releases the GIL
+        while it copies. The caller's array is only read."""
+        if not self.stages(array):
+            return array
+        order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+        pinned = self.pinned.array(array.shape, array.dtype.newbyteorder("="), order=order)
+        if pinned is None:
+            return array
+        np.copyto(pinned, array, casting="equiv")  # any layout, any byte order
+        return Staged(pinned)
+
+    def submit_staging(self, work: Callable[[], T]) -> Future[T]:
+        """Run ``work`` (typically :meth:`stage` calls) on the staging threads."""
+        return self._fill_pool().submit(work)
+
+    def upload(self, value: Staged | np.ndarray) -> Any:
+        """A CuPy copy, on the current device and ordered on the current stream, of a
+        :meth:`stage` result: one asynchronous copy for a Staged (keep it alive until the stream
+        has been synchronised), :meth:`to_device` for an array."""
+        if not isinstance(value, Staged):
+            return self.to_device(value)
+        import cupy
+
+        pinned = value.pinned
+        target = cupy.empty(pinned.shape, pinned.dtype, order=contiguous_layout(pinned) or "C")
+        cupy.cuda.runtime.memcpyAsync(target.data.ptr, pinned.ctypes.data, pinned.nbytes,
+                                      cupy.cuda.runtime.memcpyHostToDevice,
+                                      cupy.cuda.get_current_stream().ptr)
         return target
 
     def _stream_in(self, ring: StagingRing, source: np.ndarray, target_address: int,
@@ -257,6 +314,15 @@ def to_device(array: np.ndarray) -> Any:
     import cupy
 
     return cupy.asarray(native_byte_order(array))
+
+
+def upload(value: Staged | np.ndarray) -> Any:
+    """:meth:`TransferEngine.upload` through the current runtime's engine (a plain copy when
+    no runtime manages a GPU)."""
+    engine = _engine()
+    if engine is not None:
+        return engine.upload(value)
+    return to_device(value.pinned if isinstance(value, Staged) else value)
 
 
 def to_host(array: Any) -> np.ndarray:
