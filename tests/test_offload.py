@@ -54,7 +54,7 @@ def test_enough_free_memory_goes_to_the_gpu() -> None:
     fake_gpu(free=10 * GIB)
     decision = explain(big(4_000_000))
     assert decision == veda.Decision(
-        "gpu", "4.0 MB >= threshold 1.0 MB; device 0 has 10.0 GB free", 0)
+        "gpu", "4.0 MB >= threshold 1.0 MB; device 0 has 10.0 GB free", 0, free_bytes=10 * GIB)
 
 
 def test_not_enough_free_memory_reason() -> None:
@@ -148,9 +148,10 @@ def test_force_cpu_context_and_option() -> None:
 
 
 def test_force_gpu_skips_threshold_but_not_usability() -> None:
-    fake_gpu()
+    probe = fake_gpu()
     with veda.force("gpu"):
-        assert explain(np.ones(3)) == veda.Decision("gpu", 'forced by veda.force("gpu")', 0)
+        assert explain(np.ones(3)) == veda.Decision("gpu", 'forced by veda.force("gpu")', 0,
+                                                    free_bytes=probe.free[0])
         assert explain(np.array([None])) == veda.Decision(
             "cpu", 'forced by veda.force("gpu") but dtype object is not supported on GPU',
             refused=True)

@@ -31,13 +31,15 @@ SUPPORTED_DTYPES = frozenset(
 class Decision:
     """Where one call runs and why. ``refused`` marks a GPU that was asked for (forced, or a
     named device) but cannot be used, which ``fallback="raise"`` turns into an error;
-    ``model`` is the cost model that chose ("static" or "adaptive")."""
+    ``model`` is the cost model that chose ("static" or "adaptive"); ``free_bytes`` is the
+    chosen device's free memory as read for this decision (None when none was read)."""
 
     path: str
     reason: str
     device: int | None = None
     refused: bool = False
     model: str = "static"
+    free_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,8 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     if device is None and facts.device_ordinals:
         device = facts.device_ordinals[0]
     if wants_gpu:
-        return Decision("gpu", forced_by, _most_free(gpu, [device] if device is not None else ordinals)[0])
+        chosen, free = _most_free(gpu, [device] if device is not None else ordinals)
+        return Decision("gpu", forced_by, chosen, free_bytes=free)
     if facts.device_ordinals:
         return Decision("gpu", f"input already on device {device}", device)
     if facts.host_bytes < threshold:
@@ -109,7 +112,7 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     reason = learned_reason or (f"{format_bytes(facts.host_bytes)} >= threshold "
                                 f"{format_bytes(threshold)}; device {chosen} has "
                                 f"{format_bytes(free)} free")
-    return Decision("gpu", reason, chosen, model=model)
+    return Decision("gpu", reason, chosen, model=model, free_bytes=free)
 
 
 def _most_free(gpu: GPUContext, ordinals: Sequence[int]) -> tuple[int, int]:

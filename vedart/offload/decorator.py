@@ -27,7 +27,7 @@ import numpy as np
 from vedart import lifecycle
 from vedart.config import FIELD_SPECS
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
-from vedart.gpu.transfer import to_device, to_host
+from vedart.gpu.transfer import Staged, TransferEngine, to_host, upload
 from vedart.offload.adaptive import ADAPTIVE_FLOOR, function_key, signature_of
 from vedart.offload.arguments import (
     CONTAINER_DEPTH,
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 RETURNS = ("host", "device")
+HOST_INPUTS = (np.ndarray, Staged)  # what upload() moves to the device
 _warn_once = WarnOnce()
 _mapper_lock = threading.Lock()
 _mapper: ModuleMapper | None = None
@@ -220,43 +221,7 @@ class _Offload:
                 return f"writes= argument {name!r} is read-only"
         return None
 
-    def call(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The slow path: decide, then run where decided (see the module docstring)."""
-        runtime = plan.runtime
-        assert runtime is not None
-        facts = scan(args, kwargs, plan.device_type)
-        decision = self.decide(plan, facts, args, kwargs)
-        fallback = self.options.fallback or runtime.config.fallback
-        if decision.refused and fallback == "raise":
-            raise GPUUnavailableError(f"{self.name}: {decision.reason} (fallback='raise')")
-        if decision.path == "cpu":
-            started = time.perf_counter()
-            result = self._run_on_cpu(plan, "cpu", decision.reason, args, kwargs)
-            self._learn(runtime, decision, facts, time.perf_counter() - started)
-            return result
-        assert decision.device is not None
-        started = time.perf_counter()
-        try:
-            result, record = self._run_on_gpu(decision, facts.host_bytes, args, kwargs)
-        except Exception as error:
-            if not is_gpu_failure(error):
-                raise
-            summary = failure_summary(error)
-            if fallback == "raise":
-                raise OffloadError(f"{self.name}: GPU execution failed on device "
-                                   f"{decision.device} ({summary}); fallback='raise'") from error
-            reason = f"GPU failed ({summary}); re-ran on CPU"
-            _warn_once.warn(self.name, error, f"{self.name}: {reason}")
-            result = self._run_on_cpu(plan, "fallback", reason, args, kwargs)
-            # A failed GPU attempt costs its time plus the re-run: learn it as the GPU's time.
-            self._learn(runtime, decision, facts, time.perf_counter() - started)
-            return result
-        self._learn(runtime, decision, facts, time.perf_counter() - started)
-        if plan.stats is not None:
-            runtime.telemetry.record(record)
-        return result
-
-    def _learn(self, runtime: Runtime, decision: Decision, facts: ArgumentFacts,
+    def learn(self, runtime: Runtime, decision: Decision, facts: ArgumentFacts,
                seconds: float) -> None:
         """Feed the adaptive model the end-to-end time of a call it chose; the first GPU run of
         each function (clone, kernel compilation) is warm-up and not learned from."""
@@ -269,7 +234,7 @@ class _Offload:
                                    decision.path, seconds)
         self._update_learned_floor(runtime)
 
-    def _run_on_cpu(self, plan: _Plan, path: str, reason: str, args: tuple[Any, ...],
+    def run_on_cpu(self, plan: _Plan, path: str, reason: str, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
         started = time.perf_counter()
         result = self.func(*args, **kwargs)
@@ -285,23 +250,39 @@ class _Offload:
             self._clone = device_clone(self.func, _device_mapper())
         return self._clone
 
-    def _run_on_gpu(self, decision: Decision, bytes_to_device: int, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
+    def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+               timed_upload: bool) -> _Launch:
+        """Move the host inputs (arrays or Staged copies) to ``device`` and run the substituted
+        clone there, on the current stream, without waiting for the device. With
+        ``timed_upload`` the stream is synchronised between the two, so the upload is timed
+        on its own."""
         import cupy
 
         device_function = self._device_function()
-        with cupy.cuda.Device(decision.device):
+        with cupy.cuda.Device(device):
             stream = cupy.cuda.get_current_stream()
             started = time.perf_counter()
-            device_args = map_arrays(args, np.ndarray, to_device, CONTAINER_DEPTH + 1)
-            device_kwargs = map_arrays(kwargs, np.ndarray, to_device, CONTAINER_DEPTH + 1)
-            stream.synchronize()
+            device_args = map_arrays(args, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
+            device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
+            if timed_upload:
+                stream.synchronize()
             moved_in = time.perf_counter()
             result = device_function(*device_args, **device_kwargs)
-            stream.synchronize()
+        return _Launch(device, stream, device_args, device_kwargs, result, started, moved_in)
+
+    def land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
+        """Wait for a launch, bring its results (and ``writes=`` arguments) to the host, and
+        only then copy the writes into the caller's ``args``/``kwargs``."""
+        import cupy
+
+        with cupy.cuda.Device(launch.device), launch.stream:
+            launch.stream.synchronize()
             computed = time.perf_counter()
-            write_backs = self._fetch_writes(args, kwargs, device_args, device_kwargs)
+            write_backs = self._fetch_writes(args, kwargs, launch.device_args,
+                                             launch.device_kwargs)
             bytes_to_host = sum(host.nbytes for _, host in write_backs)
+            result = launch.result
             if self.options.returns == "host":
                 bytes_to_host += result_bytes(result, cupy.ndarray)
                 result = results_to_host(result, cupy.ndarray)
@@ -309,10 +290,11 @@ class _Offload:
         for original, host in write_backs:  # only after everything else succeeded
             np.copyto(original, host)
         record = CallRecord(
-            self.name, "gpu", decision.reason, decision.device,
+            self.name, "gpu", reason, launch.device,
             bytes_to_device=bytes_to_device,
             bytes_to_host=bytes_to_host,
-            seconds_to_device=moved_in - started, seconds_compute=computed - moved_in,
+            seconds_to_device=launch.moved_in - launch.started,
+            seconds_compute=computed - launch.moved_in,
             seconds_to_host=finished - computed, timestamp=time.time())
         return result, record
 
@@ -324,6 +306,132 @@ class _Offload:
         host_bound = self._signature.bind(*args, **kwargs).arguments
         device_bound = self._signature.bind(*device_args, **device_kwargs).arguments
         return [(host_bound[name], to_host(device_bound[name])) for name in self.options.writes]
+
+
+@dataclass
+class _Launch:
+    """Device work of one call, enqueued on ``stream`` of ``device``; ``result`` holds device
+    arrays that are complete once the stream is synchronised."""
+
+    device: int
+    stream: Any
+    device_args: tuple[Any, ...]
+    device_kwargs: dict[str, Any]
+    result: Any
+    started: float
+    moved_in: float
+
+
+class PlannedCall:
+    """One call of a @gpu function, decided when created, then run either at once
+    (:meth:`run`, a direct call's slow path) or in phases by par_iter's GPU lanes:
+
+    1. :meth:`stage` (any thread, e.g. the transfer engine's staging threads): copy mid-size
+       host inputs into pinned memory ahead of time;
+    2. :meth:`launch` (a lane, with its device and stream current): upload the inputs and
+       enqueue the device work without waiting; never raises (a failure is kept for step 3);
+    3. :meth:`land`: wait for the device, return host results, fall back to the CPU on a GPU
+       failure exactly as a direct call does, record telemetry and feed the adaptive model.
+
+    Phases run one at a time, in order (a thread hands the call on through a queue or future).
+    The caller's arguments are only read, and ``writes=`` copy-backs happen after success.
+    """
+
+    def __init__(self, offload: _Offload, plan: _Plan, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        self._offload = offload
+        self._plan = plan
+        self.args = args
+        self.kwargs = kwargs
+        self.facts = scan(args, kwargs, plan.device_type)
+        self.decision = offload.decide(plan, self.facts, args, kwargs)
+        self._inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = (args, kwargs)
+        self._launch: _Launch | None = None
+        self._failure: Exception | None = None
+        self._started = 0.0
+
+    @property
+    def _runtime(self) -> Runtime:
+        runtime = self._plan.runtime
+        assert runtime is not None
+        return runtime
+
+    @property
+    def _fallback(self) -> str:
+        return self._offload.options.fallback or self._runtime.config.fallback
+
+    def run(self) -> Any:
+        """Run where decided, on this thread, and return the result."""
+        decision = self.decision
+        if decision.refused and self._fallback == "raise":
+            raise GPUUnavailableError(f"{self._offload.name}: {decision.reason} "
+                                      "(fallback='raise')")
+        if decision.path == "cpu":
+            started = time.perf_counter()
+            result = self._offload.run_on_cpu(self._plan, "cpu", decision.reason, self.args,
+                                               self.kwargs)
+            self._offload.learn(self._runtime, decision, self.facts,
+                                 time.perf_counter() - started)
+            return result
+        self.launch(timed_upload=True)
+        return self.land()
+
+    def stages(self, engine: TransferEngine) -> bool:
+        """Whether :meth:`stage` would copy anything ahead with ``engine``."""
+        return any(engine.stages(array) for array in self.facts.host_arrays)
+
+    def stage(self, engine: TransferEngine) -> None:
+        """Copy the host inputs :meth:`TransferEngine.stages` picks into pinned memory (a GPU
+        decision only; a failure is kept for :meth:`land`)."""
+        assert self._inputs is not None and self.decision.path == "gpu"
+        args, kwargs = self._inputs
+        try:
+            self._inputs = (map_arrays(args, np.ndarray, engine.stage, CONTAINER_DEPTH + 1),
+                            map_arrays(kwargs, np.ndarray, engine.stage, CONTAINER_DEPTH + 1))
+        except Exception as error:
+            self._failure = error
+
+    def launch(self, *, timed_upload: bool = False) -> None:
+        """Upload and enqueue the device work on the current stream (see the class doc)."""
+        assert self._inputs is not None and self.decision.device is not None
+        self._started = time.perf_counter()
+        if self._failure is not None:
+            return
+        try:
+            self._launch = self._offload.launch(self.decision.device, *self._inputs,
+                                                timed_upload=timed_upload)
+        except Exception as error:
+            self._failure = error
+
+    def land(self) -> Any:
+        """The launched call's result (see the class doc); the user's own exceptions propagate
+        unchanged."""
+        offload, decision, runtime = self._offload, self.decision, self._runtime
+        try:
+            if self._failure is not None:
+                raise self._failure
+            assert self._launch is not None, "land() needs launch() first"
+            result, record = offload.land(self._launch, decision.reason, self.facts.host_bytes,
+                                          self.args, self.kwargs)
+        except Exception as error:
+            if not is_gpu_failure(error):
+                raise
+            summary = failure_summary(error)
+            if self._fallback == "raise":
+                raise OffloadError(f"{offload.name}: GPU execution failed on device "
+                                   f"{decision.device} ({summary}); fallback='raise'") from error
+            reason = f"GPU failed ({summary}); re-ran on CPU"
+            _warn_once.warn(offload.name, error, f"{offload.name}: {reason}")
+            result = offload.run_on_cpu(self._plan, "fallback", reason, self.args, self.kwargs)
+            # A failed GPU attempt costs its time plus the re-run: learn it as the GPU's time.
+            offload.learn(runtime, decision, self.facts, time.perf_counter() - self._started)
+            return result
+        finally:
+            self._inputs = self._launch = self._failure = None  # staged and device memory
+        offload.learn(runtime, decision, self.facts, time.perf_counter() - self._started)
+        if self._plan.stats is not None:
+            runtime.telemetry.record(record)
+        return result
 
 
 def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., Any]:
@@ -351,14 +459,19 @@ def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., An
                         next(stats.fast_cpu_calls)
                         stats.last = nbytes
                     return func(*args, **kwargs)
-        return offload.call(plan, args, kwargs)
+        return PlannedCall(offload, plan, args, kwargs).run()
+
+    def plan_call(*args: Any, **kwargs: Any) -> PlannedCall:
+        """A call with these arguments, decided now and not yet run (see PlannedCall)."""
+        plan = offload.plan if offload.plan.runtime is lifecycle.current else offload.refresh()
+        return PlannedCall(offload, plan, args, kwargs)
 
     def explain(*args: Any, **kwargs: Any) -> Decision:
         """The Decision a call with these arguments would get now, without running anything."""
-        plan = offload.plan if offload.plan.runtime is lifecycle.current else offload.refresh()
-        return offload.decide(plan, scan(args, kwargs, plan.device_type), args, kwargs)
+        return plan_call(*args, **kwargs).decision
 
     gpu_wrapper.explain = explain  # type: ignore[attr-defined]
+    gpu_wrapper.plan_call = plan_call  # type: ignore[attr-defined]
     gpu_wrapper.gpu_options = options  # type: ignore[attr-defined]
     return gpu_wrapper
 
