@@ -4,6 +4,7 @@ flight, hybrid CPU help, placements in telemetry, errors, nesting and shutdown."
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from vedart.offload.cost import Decision
 from vedart.offload.decorator import OffloadOptions
 from vedart.offload.force import preferred_device
 from vedart.parallel import gpu_map
+from vedart.parallel.gpu_lanes import STREAMS_PER_DEVICE
 from vedart.parallel.par_iter import par_iter
 
 MB = 1_000_000
@@ -29,8 +31,11 @@ _active = threading.local()
 class FakeBinding:
     """Lanes bound to fake streams; ``activate`` marks the thread as on (device, stream)."""
 
+    def __init__(self) -> None:
+        self._numbers = itertools.count()
+
     def new_stream(self, device: int) -> str:
-        return f"stream of device {device} #{id(object())}"
+        return f"stream of device {device} #{next(self._numbers)}"
 
     @contextmanager
     def activate(self, device: int, stream: str) -> Iterator[None]:
@@ -41,10 +46,38 @@ class FakeBinding:
             _active.on = None
 
 
+class FakeCall:
+    """A decided call of :class:`FakeOffload`, run in the phases a lane runs a PlannedCall."""
+
+    def __init__(self, offload: FakeOffload, item: np.ndarray, decision: Decision) -> None:
+        self.offload, self.item, self.decision = offload, item, decision
+        self.staged_on: str | None = None
+        self._outcome: tuple[bool, Any] | None = None
+
+    def stages(self, engine: object) -> bool:
+        return True
+
+    def stage(self, engine: object) -> None:
+        self.staged_on = threading.current_thread().name
+
+    def launch(self) -> None:
+        self._outcome = self.offload.run(self.item, self.staged_on)
+
+    def land(self) -> Any:
+        assert self._outcome is not None, "land before launch"
+        with self.offload.lock:
+            self.offload.on_device -= 1
+        succeeded, value = self._outcome
+        if not succeeded:
+            raise value
+        return value
+
+
 class FakeOffload:
     """A @veda.gpu stand-in: items of at least ``threshold`` bytes are decided for the GPU on
-    the preferred device; each call records where it ran. ``gpu_seconds`` is the time a call
-    takes on a lane (the raw function, run on CPU workers, takes none)."""
+    the preferred device; each run records where it ran. ``gpu_seconds`` is the time a launch
+    takes on a lane (the raw function, run on CPU workers, takes none). ``most_on_device``
+    counts items launched and not yet landed."""
 
     def __init__(self, function: Callable[[np.ndarray], Any], *, threshold: int = MB,
                  force: str | None = None, gpu_seconds: float = 0.0) -> None:
@@ -52,28 +85,37 @@ class FakeOffload:
         self.__name__ = function.__name__
         self.gpu_options = OffloadOptions(threshold=threshold, force=force)
         self.gpu_seconds = gpu_seconds
-        self.calls: list[tuple[int, Any, int | None, str]] = []
-        self._lock = threading.Lock()
-        self.running = 0
-        self.most_running = 0
+        self.calls: list[tuple[int, Any, int | None, str, str | None]] = []
+        self.lock = threading.Lock()
+        self.on_device = 0
+        self.most_on_device = 0
 
-    def explain(self, item: np.ndarray) -> Decision:
+    def plan_call(self, item: np.ndarray) -> FakeCall:
         if item.nbytes >= self.gpu_options.threshold or self.gpu_options.force == "gpu":
-            return Decision("gpu", "fake", preferred_device.get())
-        return Decision("cpu", "fake: small")
+            device = preferred_device.get()
+            assert device is not None
+            free = veda.get_runtime().gpu.free_memory(device)  # as the static rule reads it
+            return FakeCall(self, item, Decision("gpu", "fake", device, free_bytes=free))
+        return FakeCall(self, item, Decision("cpu", "fake: small"))
+
+    def run(self, item: np.ndarray, staged_on: str | None) -> tuple[bool, Any]:
+        with self.lock:
+            self.on_device += 1
+            self.most_on_device = max(self.most_on_device, self.on_device)
+            self.calls.append((int(item[0]), getattr(_active, "on", None),
+                               preferred_device.get(), threading.current_thread().name,
+                               staged_on))
+        time.sleep(self.gpu_seconds)
+        try:
+            return True, self.__wrapped__(item)
+        except Exception as error:
+            return False, error
 
     def __call__(self, item: np.ndarray) -> Any:
-        with self._lock:
-            self.running += 1
-            self.most_running = max(self.most_running, self.running)
-            self.calls.append((int(item[0]), getattr(_active, "on", None),
-                               preferred_device.get(), threading.current_thread().name))
-        try:
-            time.sleep(self.gpu_seconds if getattr(_active, "on", None) else 0.0)
-            return self.__wrapped__(item)
-        finally:
-            with self._lock:
-                self.running -= 1
+        with self.lock:
+            self.calls.append((int(item[0]), None, preferred_device.get(),
+                               threading.current_thread().name, None))
+        return self.__wrapped__(item)
 
 
 def first_times_ten(item: np.ndarray) -> int:
@@ -106,9 +148,10 @@ def test_items_are_spread_over_devices_and_run_in_their_lane() -> None:
     counts = placements(runtime)
     assert set(counts) == {("gpu", 0), ("gpu", 1)} and sum(counts.values()) == 40
     assert min(counts.values()) >= 5  # by load: neither device takes nearly everything
-    for _, (device, stream), preferred, thread in wrapper.calls:
-        assert preferred == device and thread.startswith(f"vedart-gpu{device}-lane")
+    for _, (device, stream), preferred, thread, staged_on in wrapper.calls:
+        assert preferred == device and thread == f"vedart-gpu{device}-lane"
         assert stream.startswith(f"stream of device {device}")
+        assert staged_on is not None and staged_on.startswith("vedart-staging")
     recorded = runtime.telemetry.placements()
     assert sorted(p.item for p in recorded) == list(range(40))
     assert all(p.stage == "#1 gpu_map(first_times_ten)" and p.lane in (0, 1) for p in recorded)
@@ -120,28 +163,25 @@ def test_small_items_run_on_cpu_workers_in_order() -> None:
     mixed = [np.full(2 * MB if i % 3 == 0 else 100, i, dtype=np.uint8) for i in range(30)]
     assert par_iter(mixed).gpu_map(wrapper).collect() == [10 * i for i in range(30)]
     assert placements(runtime) == {("gpu", 0): 10, ("cpu", None): 20}
-    on_lanes = {index for index, active, _, _ in wrapper.calls if active is not None}
+    on_lanes = {index for index, active, _, _, _ in wrapper.calls if active is not None}
     assert on_lanes == set(range(0, 30, 3))
 
 
-def test_lanes_of_a_device_run_concurrently() -> None:
-    fake_gpus(count=1)
-    both_running = threading.Barrier(2, timeout=10)
-
-    def meet_then_count(item: np.ndarray) -> int:
-        if int(item[0]) < 2:
-            both_running.wait()  # broken (an item error) unless two lanes run at once
-        return int(item[0])
-
-    assert par_iter(items(8, 2 * MB)).gpu_map(FakeOffload(meet_then_count)).collect() == \
-        list(range(8))
+def test_a_lane_keeps_one_item_per_stream_on_the_device() -> None:
+    runtime = fake_gpus(count=1)
+    wrapper = FakeOffload(first_times_ten, gpu_seconds=0.002)
+    assert par_iter(items(12, 2 * MB)).gpu_map(wrapper).collect() == [10 * i for i in range(12)]
+    assert wrapper.most_on_device == STREAMS_PER_DEVICE  # launched before the previous landed
+    streams = [active[1] for _, active, _, _, _ in sorted(wrapper.calls)]
+    assert all(a != b for a, b in zip(streams, streams[1:]))  # round robin over the streams
+    assert {p.lane for p in runtime.telemetry.placements()} == set(range(STREAMS_PER_DEVICE))
 
 
 def test_items_in_flight_are_bounded_by_device_memory() -> None:
     fake_gpus(count=1, free=10 * MB)  # one 4 MB item needs 8 MB (headroom 2.0): one at a time
     wrapper = FakeOffload(first_times_ten, gpu_seconds=0.005)
     assert par_iter(items(6, 4 * MB)).gpu_map(wrapper).collect() == [10 * i for i in range(6)]
-    assert wrapper.most_running == 1  # two lanes, but the memory admits one item at a time
+    assert wrapper.most_on_device == 1  # two streams, but the memory admits one item at a time
 
 
 def test_idle_cpu_workers_take_competitive_items_when_lanes_are_full() -> None:
@@ -153,7 +193,7 @@ def test_idle_cpu_workers_take_competitive_items_when_lanes_are_full() -> None:
     assert counts[("gpu", 0)] >= 1 and counts[("hybrid", None)] >= 1
     assert sum(counts.values()) == 24
     hybrid_items = {p.item for p in runtime.telemetry.placements() if p.path == "hybrid"}
-    lane_items = {index for index, active, _, _ in wrapper.calls if active is not None}
+    lane_items = {index for index, active, _, _, _ in wrapper.calls if active is not None}
     assert hybrid_items.isdisjoint(lane_items) and hybrid_items | lane_items == set(range(24))
 
 
@@ -241,6 +281,6 @@ def test_lanes_stop_with_their_runtime() -> None:
     fake_gpus(count=2)
     par_iter(items(4, 2 * MB)).gpu_map(FakeOffload(first_times_ten)).collect()
     lanes = [t for t in threading.enumerate() if t.name.startswith("vedart-gpu")]
-    assert len(lanes) == 4
+    assert sorted(t.name for t in lanes) == ["vedart-gpu0-lane", "vedart-gpu1-lane"]
     veda.init(veda.Config.builder().gpu(False).build())
     assert not any(t.is_alive() for t in lanes)

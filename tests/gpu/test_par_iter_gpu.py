@@ -78,14 +78,51 @@ def test_each_lane_uses_its_own_stream_and_lanes_overlap(gpu_runtime: veda.Runti
     device = gpu_runtime.gpu.devices[0].ordinal
     assert_same(par_iter(mats).gpu_map(process_and_note_stream, device=device).collect(),
                 [process(M) for M in mats])
-    assert len(streams) == STREAMS_PER_DEVICE  # one stream per lane, never the default one
+    assert len(streams) == STREAMS_PER_DEVICE  # the lane's own streams, never the default one
     spans = {lane: [(p.started, p.finished) for p in gpu_runtime.telemetry.placements()
                     if p.lane == lane] for lane in range(STREAMS_PER_DEVICE)}
     assert all(spans.values()), spans
     overlap = max(min(a_end, b_end) - max(a_start, b_start)
                   for (a_start, a_end), (b_start, b_end)
                   in itertools.product(spans[0], spans[1]))
-    assert overlap > 0, "items on the two lanes never ran at the same time"
+    assert overlap > 0, "items on the two streams were never in flight at the same time"
+
+
+def test_lane_items_fall_back_raise_and_release_their_staging(
+        gpu_runtime: veda.Runtime) -> None:
+    import gc
+
+    pinned = gpu_runtime.gpu.transfers.pinned
+    used_before = pinned.used_bytes
+
+    def median_of_rows(M: Any) -> Any:  # CuPy has no nanpercentile: every GPU run fails
+        return np.nanpercentile(M, 50, axis=1)
+
+    mats = matrices(6, seed=4)
+    with pytest.warns(veda.OffloadWarning, match="re-ran on CPU"):
+        values = par_iter(mats).gpu_map(median_of_rows).collect()
+    assert_same(values, [median_of_rows(M) for M in mats])
+    stats = gpu_runtime.telemetry.function(
+        f"{__name__}.{median_of_rows.__qualname__}").as_dict()
+    assert stats["fallback_calls"] == 6 and stats["gpu_calls"] == 0
+    assert "re-ran on CPU" in stats["last_reason"]
+
+    def fail_on_item_two(M: Any) -> Any:
+        if float(M[0, 0]) == float(mats[2][0, 0]):
+            raise ArithmeticError("item two")
+        return (M @ M.T).sum(axis=0)
+
+    pipeline = par_iter(mats).gpu_map(fail_on_item_two)
+    with pytest.raises(veda.ParIterError) as caught:
+        pipeline.collect()
+    assert caught.value.index == 2 and isinstance(caught.value.__cause__, ArithmeticError)
+    returned = pipeline.collect(errors="return")
+    assert isinstance(returned[2], ArithmeticError)
+    assert_same([v for i, v in enumerate(returned) if i != 2],
+                [process(M) for i, M in enumerate(mats) if i != 2])
+    del values, returned, caught  # a kept exception's frames would hold the staged inputs
+    gc.collect()
+    assert pinned.used_bytes == used_before  # staged copies went back to the pool
 
 
 def test_two_gpus_both_take_items(gpu_runtime: veda.Runtime) -> None:

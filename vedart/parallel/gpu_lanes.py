@@ -1,27 +1,34 @@
-"""GPU lanes: worker threads bound to one device and one CUDA stream each.
+"""GPU lanes: per device, one thread that drives ``streams`` CUDA streams (default 2).
 
-Per device, ``streams`` lanes (default 2) take items from one shared queue and run one item at
-a time on their own stream, so with the transfer engine's asynchronous staging, moving item
-i+1 on one stream overlaps computing item i on the other. A device admits a new item while
-fewer than ``ITEMS_PER_LANE x streams`` are in flight and ``headroom x`` the in-flight input
-bytes fit in its free memory (an idle device always admits one: the @gpu decision has checked
-that item's memory itself). ``gpu_map`` spreads items over devices by items in flight.
+The lane thread takes the device's admitted items in order. For each it makes the device and
+the next stream (round robin) current and calls ``begin`` (for a @gpu item: upload its staged
+inputs and enqueue the computation, without waiting); it ``finish``es the oldest item (wait,
+results to the host) once ``streams`` items are on the device, or as soon as no further item is
+queued. So copying item i+1 to the device overlaps computing item i, and one thread per device
+runs the Python side of all GPU work: measured on the H100 (2026-11-22), two or more threads
+per device each doing whole items lost more to contention for the interpreter lock than they
+gained (docs/performance.md).
+
+A device admits a new item while fewer than ``ITEMS_PER_STREAM x streams`` are admitted and
+unfinished (queued, being staged, or on the device) and ``headroom x`` their input bytes fit in
+the free memory the item's @gpu decision read (no memory query of its own: a query under the
+admission lock would stall the lane; an idle device always admits one, the decision having
+checked that item's memory itself). Admitted items waiting for the lane are what the staging threads copy into
+pinned memory meanwhile. ``gpu_map`` spreads items over devices by items in flight.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Protocol
 
-from vedart.parallel.task import Task
-
 STREAMS_PER_DEVICE = 2
-ITEMS_PER_LANE = 2  # one running, one ready, so a lane never idles between items
+ITEMS_PER_STREAM = 4  # one on the device, the rest queued or staging ahead of it
 
 
 class LaneBinding(Protocol):
@@ -49,9 +56,30 @@ class CudaBinding:
             yield
 
 
+class LaneWork(Protocol):
+    """One admitted item as a lane runs it. ``begin`` and ``finish`` never raise: a failure
+    is delivered to whoever waits for the item's result."""
+
+    def claim(self) -> bool:
+        """Take the item for running; False when it was cancelled while queued."""
+        ...
+
+    def begin(self, lane: Lane) -> None:
+        """Start the item on ``lane``'s stream (made current by the caller) without waiting."""
+        ...
+
+    def finish(self) -> None:
+        """Wait for the item and deliver its result (``lane`` of ``begin`` is current)."""
+        ...
+
+    def cancel(self) -> None:
+        """Drop the item unstarted (shutdown)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Lane:
-    """One lane: ``index`` among its device's lanes, and the stream it owns."""
+    """One stream of a device's lane thread: ``index`` among the device's streams."""
 
     device: int
     index: int
@@ -67,57 +95,64 @@ _local = threading.local()
 
 
 def current_lane() -> Lane | None:
-    """The lane the calling thread serves, or None on any other thread."""
+    """The lane (device and stream) the calling thread is running an item on, or None on any
+    thread but a lane thread."""
     return getattr(_local, "lane", None)
 
 
 class DeviceLanes:
-    """The lanes of one device, their queue, and the device's admission count."""
+    """The lane thread of one device, its streams, queue and admission count."""
 
     def __init__(self, device: int, streams: int, binding: LaneBinding,
-                 fits: Callable[[int], bool]) -> None:
+                 fits: Callable[[int, int], bool]) -> None:
         self.device = device
         self.streams = streams
-        self.capacity = ITEMS_PER_LANE * streams
+        self.capacity = ITEMS_PER_STREAM * streams
         self._fits = fits
-        self._queue: queue.SimpleQueue[tuple[Task[Any], int] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[LaneWork, int] | None] = queue.SimpleQueue()
         self._admission = threading.Condition()
         self._in_flight = 0
         self._in_flight_bytes = 0
         self._closed = False
-        lanes = [Lane(device, index, binding.new_stream(device), binding)
-                 for index in range(streams)]
-        self._threads = [threading.Thread(target=self._serve, args=(lane,), daemon=True,
-                                          name=f"vedart-gpu{device}-lane{lane.index}")
-                         for lane in lanes]
-        for thread in self._threads:
-            thread.start()
+        self._lanes = [Lane(device, index, binding.new_stream(device), binding)
+                       for index in range(streams)]
+        self._thread = threading.Thread(target=self._serve, daemon=True,
+                                        name=f"vedart-gpu{device}-lane")
+        self._thread.start()
 
     @property
     def in_flight(self) -> int:
-        """Items admitted and not yet finished (queued or running)."""
+        """Items admitted and not yet finished (queued, staging or on the device)."""
         return self._in_flight
 
-    def submit(self, task: Task[Any], nbytes: int, *, wait: bool) -> bool:
-        """Admit ``task`` (an item with ``nbytes`` input bytes; not helpable, only a lane may
-        run it) and queue it. When the device is full: False, task untouched, if not ``wait``;
-        else wait for a lane to finish an item. After shutdown the task is cancelled."""
+    def admit(self, nbytes: int, free_bytes: int | None, *, wait: bool) -> bool:
+        """Count in an item of ``nbytes`` input bytes whose decision read ``free_bytes`` free
+        on the device (None: bound by count only). When the device is full: False if not
+        ``wait``, else wait for the lane to finish an item. False after shutdown."""
         with self._admission:
             if wait:
-                self._admission.wait_for(lambda: self._closed or self._has_room(nbytes))
-            if self._closed:
-                task.cancel()
-                return True
-            if not self._has_room(nbytes):
+                self._admission.wait_for(
+                    lambda: self._closed or self._has_room(nbytes, free_bytes))
+            if self._closed or not self._has_room(nbytes, free_bytes):
                 return False
             self._in_flight += 1
             self._in_flight_bytes += nbytes
-            self._queue.put((task, nbytes))
             return True
 
-    def _has_room(self, nbytes: int) -> bool:
-        return not self._in_flight or (self._in_flight < self.capacity
-                                       and self._fits(self._in_flight_bytes + nbytes))
+    def enqueue(self, work: LaneWork, nbytes: int) -> None:
+        """Queue an item :meth:`admit` counted in, for the lane to run in order (cancelled at
+        once after shutdown)."""
+        with self._admission:
+            if not self._closed:
+                self._queue.put((work, nbytes))
+                return
+        work.cancel()
+        self._release(nbytes)
+
+    def _has_room(self, nbytes: int, free_bytes: int | None) -> bool:
+        return not self._in_flight or (
+            self._in_flight < self.capacity
+            and (free_bytes is None or self._fits(self._in_flight_bytes + nbytes, free_bytes)))
 
     def _release(self, nbytes: int) -> None:
         with self._admission:
@@ -125,21 +160,41 @@ class DeviceLanes:
             self._in_flight_bytes -= nbytes
             self._admission.notify_all()
 
-    def _serve(self, lane: Lane) -> None:
-        _local.lane = lane
+    def _serve(self) -> None:
+        on_device: deque[tuple[LaneWork, int, Lane]] = deque()
+        turn = 0
         while True:
-            entry = self._queue.get()
-            if entry is None:
-                return
-            task, nbytes = entry
             try:
-                if task.claim():
-                    task.run()
-            finally:
+                entry = self._queue.get(block=not on_device)
+            except queue.Empty:  # nothing more to start now: finish what runs
+                self._finish(*on_device.popleft())
+                continue
+            if entry is None:
+                break
+            work, nbytes = entry
+            if not work.claim():
                 self._release(nbytes)
+                continue
+            lane, turn = self._lanes[turn], (turn + 1) % self.streams
+            _local.lane = lane
+            with lane.activate():
+                work.begin(lane)
+            on_device.append((work, nbytes, lane))
+            if len(on_device) >= self.streams:
+                self._finish(*on_device.popleft())
+        while on_device:
+            self._finish(*on_device.popleft())
+
+    def _finish(self, work: LaneWork, nbytes: int, lane: Lane) -> None:
+        _local.lane = lane
+        try:
+            with lane.activate():
+                work.finish()
+        finally:
+            self._release(nbytes)
 
     def shutdown(self) -> None:
-        """Cancel queued items, let running ones finish, join the lanes. Idempotent."""
+        """Cancel queued items, let started ones finish, join the lane thread. Idempotent."""
         with self._admission:
             if self._closed:
                 return
@@ -153,25 +208,21 @@ class DeviceLanes:
             if entry is not None:
                 entry[0].cancel()
                 self._release(entry[1])
-        for _ in self._threads:
-            self._queue.put(None)
-        current = threading.current_thread()
-        for thread in self._threads:
-            if thread is not current:
-                thread.join()
+        self._queue.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 class GpuLanes:
-    """The lanes of every device the runtime uses. ``fits(device, nbytes)`` says whether
-    ``nbytes`` of in-flight inputs fit that device's memory."""
+    """The lanes of every device the runtime uses. ``fits(nbytes, free_bytes)`` says whether
+    ``nbytes`` of in-flight inputs fit a device with ``free_bytes`` free."""
 
     def __init__(self, devices: Sequence[int], streams: int, binding: LaneBinding,
                  fits: Callable[[int, int], bool]) -> None:
         self.devices: dict[int, DeviceLanes] = {}
         try:
             for device in devices:
-                self.devices[device] = DeviceLanes(device, streams, binding,
-                                                   partial(fits, device))
+                self.devices[device] = DeviceLanes(device, streams, binding, fits)
         except BaseException:
             self.shutdown()
             raise

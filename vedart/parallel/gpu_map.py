@@ -1,13 +1,16 @@
 """The ``gpu_map`` stage: each item goes through the @gpu machinery, on a GPU lane or a CPU worker.
 
 Per item, in input order, on the thread that drives the pipeline:
-1. ``wrapper.explain(item)`` under ``prefer_device(least loaded device)`` gives the @gpu
+1. ``wrapper.plan_call(item)`` under ``prefer_device(least loaded device)`` makes the @gpu
    decision (``force=`` and ``veda.force`` blocks apply as they do to a direct call).
 2. CPU: the item joins a batch of consecutive CPU items, run on the worker pool through the
    wrapper (its fast path), ``chunk_size`` items per task.
-3. GPU: the item goes to a lane of the decided device, admitted within the device's in-flight
-   bound (see :mod:`vedart.parallel.gpu_lanes`). When the device is full and a CPU worker is
-   idle, an item the :class:`HybridRating` rates competitive runs on that worker instead.
+3. GPU: the item is admitted to the decided device within its in-flight bound; its mid-size
+   inputs are copied into pinned memory on the transfer engine's staging threads; then the
+   device's lane thread launches it on one of its streams and lands it (see
+   :mod:`vedart.parallel.gpu_lanes` and ``PlannedCall``). When the device is full and a CPU
+   worker is idle, an item the :class:`HybridRating` rates competitive runs on that worker
+   instead.
 Every item's placement is recorded in ``runtime.telemetry`` (``placements()``).
 """
 
@@ -16,7 +19,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from contextvars import copy_context
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from vedart.errors import ConfigError
@@ -30,7 +36,7 @@ from vedart.parallel.gpu_lanes import (
     CudaBinding,
     DeviceLanes,
     GpuLanes,
-    current_lane,
+    Lane,
 )
 from vedart.parallel.scheduler import (
     WINDOW_PER_THREAD,
@@ -43,9 +49,24 @@ from vedart.parallel.task import Task
 from vedart.telemetry import Placement, Telemetry
 
 if TYPE_CHECKING:
+    from vedart.gpu.transfer import TransferEngine
     from vedart.runtime import Runtime
 
 PROBE_FACTOR = 2.0  # before measurements, items under this x the threshold are CPU-competitive
+
+
+class LaneCall(Protocol):
+    """One decided call of a @veda.gpu wrapper, run in phases (``PlannedCall``)."""
+
+    decision: Decision
+
+    def stages(self, engine: TransferEngine) -> bool: ...
+
+    def stage(self, engine: TransferEngine) -> None: ...
+
+    def launch(self) -> None: ...
+
+    def land(self) -> Any: ...
 
 
 class GpuFunction(Protocol):
@@ -56,12 +77,12 @@ class GpuFunction(Protocol):
 
     def __call__(self, *args: Any) -> Any: ...
 
-    def explain(self, *args: Any) -> Decision: ...
+    def plan_call(self, *args: Any) -> LaneCall: ...
 
 
 def is_gpu_wrapper(function: Callable[..., Any]) -> bool:
     """Whether ``function`` is already a @veda.gpu wrapper."""
-    return hasattr(function, "explain") and hasattr(function, "__wrapped__")
+    return hasattr(function, "plan_call") and hasattr(function, "__wrapped__")
 
 
 def offloaded(function: Callable[..., Any], force: str | None) -> GpuFunction:
@@ -124,6 +145,63 @@ class _CpuItems:
         self.sizes.append(nbytes)
 
 
+class _LaneItem:
+    """A GPU item on its way through a lane (a :class:`LaneWork`): staged ahead on the
+    transfer engine's threads, begun and finished by its device's lane thread, in the context
+    of the thread that dispatched it. ``task`` delivers its one-item Batch."""
+
+    def __init__(self, reader: GpuMapReader, call: LaneCall, origin: int, nbytes: int,
+                 staging: Future[None] | None) -> None:
+        self._reader = reader
+        self._call: LaneCall | None = call
+        self._origin = origin
+        self._nbytes = nbytes
+        self._staging = staging
+        self._context = copy_context()
+        self.task: Task[Batch] = Task(partial(self._context.run, self._finish), helpable=False)
+        self._lane: Lane | None = None
+        self._started = 0.0
+        self._begin_error: BaseException | None = None
+
+    def claim(self) -> bool:
+        return self.task.claim()
+
+    def cancel(self) -> None:
+        self.task.cancel()
+
+    def begin(self, lane: Lane) -> None:
+        self._lane, self._started = lane, time.perf_counter()
+        self._context.run(self._begin)
+
+    def _begin(self) -> None:
+        assert self._call is not None and self._lane is not None
+        try:
+            if self._staging is not None:
+                self._staging.result()  # stage() keeps its own failures for land()
+            with prefer_device(self._lane.device):  # for @gpu calls nested in the function
+                self._call.launch()
+        except BaseException as error:  # a lane never dies of an item: land() re-raises it
+            self._begin_error = error
+
+    def finish(self) -> None:
+        self.task.run()
+
+    def _finish(self) -> Batch:
+        call, self._call = self._call, None
+        assert call is not None and self._lane is not None
+        try:
+            if self._begin_error is not None:
+                raise self._begin_error
+            value = call.land()
+        except Exception as error:
+            value = ItemFailure(self._origin, self._reader.label, error)
+        finished = time.perf_counter()
+        self._reader.observe_lane_item(self._nbytes, self._lane, self._origin, self._started,
+                                       finished)
+        return Batch([value], [self._origin], {0: value} if isinstance(value, ItemFailure)
+                     else {})
+
+
 class GpuMapReader(WindowedReader):
     """The gpu_map stage on a runtime with a usable GPU (see the module docstring)."""
 
@@ -133,7 +211,7 @@ class GpuMapReader(WindowedReader):
         lane_capacity = sum(device_lanes.capacity for device_lanes in lanes.devices.values())
         super().__init__(upstream, lane_capacity + WINDOW_PER_THREAD * scheduler.threads)
         self._wrapper = wrapper
-        self._label = label
+        self.label = label
         self._scheduler = scheduler
         self._lanes = lanes
         self._chunks = chunks
@@ -145,6 +223,8 @@ class GpuMapReader(WindowedReader):
         threshold = getattr(options, "threshold", None)
         self._rating = HybridRating(runtime.config.offload_threshold if threshold is None
                                     else threshold)
+        assert runtime.gpu
+        self._engine = runtime.gpu.transfers
         import cupy  # a GPU is usable; CuPy arrays among the items are not bytes to move
 
         self._device_type: type = cupy.ndarray
@@ -175,28 +255,42 @@ class GpuMapReader(WindowedReader):
             else self._lanes.least_loaded()
         try:
             with prefer_device(lanes.device):
-                decision = self._wrapper.explain(item)
+                call = self._wrapper.plan_call(item)
         except Exception as error:
-            self._add_cpu(ItemFailure(origin, self._label, error), origin, 0)
+            self._add_cpu(ItemFailure(origin, self.label, error), origin, 0)
             return
         nbytes = host_bytes((item,), {}, self._device_type)
         nbytes = 0 if nbytes >= ON_DEVICE else nbytes
+        decision = call.decision
         if decision.path == "cpu":
             self._add_cpu(item, origin, nbytes)
             return
         assert decision.device is not None, decision
         lanes = self._lanes.devices.get(decision.device, lanes)  # an input's own device
         self._flush_cpu()
-        task = Task(in_context(self._run_on_lane, item, origin, nbytes), helpable=False)
-        if not lanes.submit(task, nbytes, wait=False):
+        if not lanes.admit(nbytes, decision.free_bytes, wait=False):
             if self._hybrid_takes(nbytes, lanes):
                 hybrid = _CpuItems()
                 hybrid.add(item, origin, nbytes)
-                task = self._scheduler.submit(Task(in_context(
-                    self._run_on_cpu, self._wrapper.__wrapped__, "hybrid", hybrid)))
-            else:
-                lanes.submit(task, nbytes, wait=True)
-        self._push(task)
+                self._push(self._scheduler.submit(Task(in_context(
+                    self._run_on_cpu, self._wrapper.__wrapped__, "hybrid", hybrid))))
+                return
+            if not lanes.admit(nbytes, decision.free_bytes, wait=True):  # shut down meanwhile
+                self._push(Task.cancelled())
+                return
+        work = _LaneItem(self, call, origin, nbytes, self._stage(call))
+        lanes.enqueue(work, nbytes)
+        self._push(work.task)
+
+    def _stage(self, call: LaneCall) -> Future[None] | None:
+        """Start copying the call's mid-size inputs into pinned memory, if it has any."""
+        engine = self._engine
+        if engine is None or not call.stages(engine):
+            return None
+        try:
+            return engine.submit_staging(partial(call.stage, engine))
+        except RuntimeError:  # the engine is closing with its runtime: upload unstaged
+            return None
 
     def _hybrid_takes(self, nbytes: int, lanes: DeviceLanes) -> bool:
         return (self._hybrid_allowed and forced_path.get() is None
@@ -226,29 +320,21 @@ class GpuMapReader(WindowedReader):
             try:
                 value = function(item)
             except Exception as error:
-                value = failures[position] = ItemFailure(origin, self._label, error)
+                value = failures[position] = ItemFailure(origin, self.label, error)
             finished = time.perf_counter()
             self._rating.observe("cpu", nbytes, finished - started)
-            self._place(Placement(self._label, origin, path, started=started, finished=finished))
+            self._place(Placement(self.label, origin, path, started=started, finished=finished))
             values.append(value)
         if path == "cpu":  # hybrid items are GPU-sized: they would mis-size CPU batches
             self._chunks.observe(len(work.items), time.perf_counter() - started_batch)
         return Batch(values, work.origins, failures)
 
-    def _run_on_lane(self, item: Any, origin: int, nbytes: int) -> Batch:
-        lane = current_lane()
-        assert lane is not None, "lane tasks run only on lane threads"
-        started = time.perf_counter()
-        try:
-            with lane.activate(), prefer_device(lane.device):
-                value = self._wrapper(item)
-        except Exception as error:
-            value = ItemFailure(origin, self._label, error)
-        finished = time.perf_counter()
+    def observe_lane_item(self, nbytes: int, lane: Lane, origin: int, started: float,
+                          finished: float) -> None:
+        """Account a GPU item a lane finished (rating and placement)."""
         self._rating.observe("gpu", nbytes, finished - started)
-        self._place(Placement(self._label, origin, "gpu", lane.device, lane.index, started,
+        self._place(Placement(self.label, origin, "gpu", lane.device, lane.index, started,
                               finished))
-        return Batch([value], [origin], {0: value} if isinstance(value, ItemFailure) else {})
 
     def _place(self, placement: Placement) -> None:
         if self._telemetry is not None:
@@ -261,9 +347,8 @@ def gpu_lanes_for(runtime: Runtime, scheduler: Scheduler) -> GpuLanes:
     gpu_context = runtime.gpu
     config = runtime.config
 
-    def fits(device: int, nbytes: int) -> bool:
-        free = gpu_context.free_memory(device) * config.gpu_memory_fraction
-        return config.memory_headroom * nbytes <= free
+    def fits(nbytes: int, free_bytes: int) -> bool:
+        return config.memory_headroom * nbytes <= free_bytes * config.gpu_memory_fraction
 
     return scheduler.gpu_lanes(lambda: GpuLanes(
         [device.ordinal for device in gpu_context.devices], STREAMS_PER_DEVICE, CudaBinding(),

@@ -41,6 +41,13 @@ class Task(Generic[R]):
         task.run()
         return task
 
+    @classmethod
+    def cancelled(cls) -> Task[R]:
+        """A task that was cancelled before it ran (its result raises CancelledError)."""
+        task: Task[R] = cls(lambda: None)  # type: ignore[arg-type,return-value]
+        task.cancel()
+        return task
+
     def claim(self) -> bool:
         """Take the task for running; False when it was claimed or cancelled before."""
         with self._lock:
