@@ -21,7 +21,7 @@ from vedart.offload.cost import Decision
 from vedart.offload.decorator import OffloadOptions
 from vedart.offload.force import preferred_device
 from vedart.parallel import gpu_map
-from vedart.parallel.gpu_lanes import STREAMS_PER_DEVICE
+from vedart.parallel.gpu_lanes import REFILL_AT, STREAMS_PER_DEVICE, DeviceLanes, Lane
 from vedart.parallel.par_iter import par_iter
 
 MB = 1_000_000
@@ -51,6 +51,7 @@ class FakeCall:
 
     def __init__(self, offload: FakeOffload, item: np.ndarray, decision: Decision) -> None:
         self.offload, self.item, self.decision = offload, item, decision
+        self.host_bytes = item.nbytes
         self.staged_on: str | None = None
         self._outcome: tuple[bool, Any] | None = None
 
@@ -284,3 +285,53 @@ def test_lanes_stop_with_their_runtime() -> None:
     assert sorted(t.name for t in lanes) == ["vedart-gpu0-lane", "vedart-gpu1-lane"]
     veda.init(veda.Config.builder().gpu(False).build())
     assert not any(t.is_alive() for t in lanes)
+
+
+class HeldWork:
+    """Lane work that stays on the device until ``released`` is set."""
+
+    def __init__(self, released: threading.Event) -> None:
+        self.released = released
+        self.finished = threading.Event()
+
+    def claim(self) -> bool:
+        return True
+
+    def begin(self, lane: Lane) -> None:
+        pass
+
+    def finish(self) -> None:
+        self.released.wait(5)
+        self.finished.set()
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_a_full_device_admits_again_once_drained_to_its_refill_level() -> None:
+    lanes = DeviceLanes(0, STREAMS_PER_DEVICE, FakeBinding(), lambda nbytes, free: True)
+    try:
+        gates = [threading.Event() for _ in range(lanes.capacity)]
+        works = [HeldWork(gate) for gate in gates]
+        for work in works:
+            assert lanes.admit(MB, None, wait=False)
+            lanes.enqueue(work, MB)
+        assert not lanes.admit(MB, None, wait=False)  # full: capacity items in flight
+        admitted = threading.Event()
+        waiter = threading.Thread(target=lambda: lanes.admit(MB, None, wait=True)
+                                  and admitted.set())
+        waiter.start()
+        refill_at = int(REFILL_AT * lanes.capacity)
+        for count, (gate, work) in enumerate(zip(gates, works), start=1):
+            gate.set()
+            assert work.finished.wait(5)
+            if lanes.capacity - count > refill_at:
+                assert not admitted.wait(0.02), f"woken with {lanes.capacity - count} in flight"
+            else:
+                break
+        assert admitted.wait(5) and lanes.in_flight == refill_at + 1
+        waiter.join()
+        for gate in gates:
+            gate.set()
+    finally:
+        lanes.shutdown()

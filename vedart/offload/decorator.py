@@ -345,6 +345,7 @@ class PlannedCall:
         self.kwargs = kwargs
         self.facts = scan(args, kwargs, plan.device_type)
         self.decision = offload.decide(plan, self.facts, args, kwargs)
+        self.host_bytes = self.facts.host_bytes
         self._inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = (args, kwargs)
         self._launch: _Launch | None = None
         self._failure: Exception | None = None

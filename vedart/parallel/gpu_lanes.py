@@ -9,11 +9,13 @@ runs the Python side of all GPU work: measured on the H100 (2026-11-22), two or 
 per device each doing whole items lost more to contention for the interpreter lock than they
 gained (docs/performance.md).
 
-A device admits a new item while fewer than ``ITEMS_PER_STREAM x streams`` are admitted and
-unfinished (queued, being staged, or on the device) and ``headroom x`` their input bytes fit in
-the free memory the item's @gpu decision read (no memory query of its own: a query under the
+A device admits a new item while fewer than ``ITEMS_PER_STREAM x streams`` (16) are admitted
+and unfinished (queued, being staged, or on the device) and ``headroom x`` their input bytes fit
+in the free memory the item's @gpu decision read (no memory query of its own: a query under the
 admission lock would stall the lane; an idle device always admits one, the decision having
-checked that item's memory itself). Admitted items waiting for the lane are what the staging threads copy into
+checked that item's memory itself). A dispatcher waiting for room is woken once the device has
+drained to ``REFILL_AT`` of its capacity, so it admits items in bursts rather than one per
+finished item. Admitted items waiting for the lane are what the staging threads copy into
 pinned memory meanwhile. ``gpu_map`` spreads items over devices by items in flight.
 """
 
@@ -28,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 STREAMS_PER_DEVICE = 2
-ITEMS_PER_STREAM = 4  # one on the device, the rest queued or staging ahead of it
+ITEMS_PER_STREAM = 8  # one on the device, the rest queued or staging ahead of it
+REFILL_AT = 0.25  # the dispatcher is woken when a device has drained to this share of its capacity
 
 
 class LaneBinding(Protocol):
@@ -108,6 +111,7 @@ class DeviceLanes:
         self.device = device
         self.streams = streams
         self.capacity = ITEMS_PER_STREAM * streams
+        self._refill_at = int(REFILL_AT * self.capacity)
         self._fits = fits
         self._queue: queue.SimpleQueue[tuple[LaneWork, int] | None] = queue.SimpleQueue()
         self._admission = threading.Condition()
@@ -158,7 +162,10 @@ class DeviceLanes:
         with self._admission:
             self._in_flight -= 1
             self._in_flight_bytes -= nbytes
-            self._admission.notify_all()
+            # Waking the dispatcher once the device has drained, not per item, lets it admit
+            # items in bursts: each wake-up costs both threads an interpreter-lock hand-over.
+            if self._in_flight <= self._refill_at:
+                self._admission.notify_all()
 
     def _serve(self) -> None:
         on_device: deque[tuple[LaneWork, int, Lane]] = deque()

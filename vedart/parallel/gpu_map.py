@@ -26,7 +26,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from vedart.errors import ConfigError
-from vedart.offload.arguments import ON_DEVICE, host_bytes
 from vedart.offload.cost import Decision
 from vedart.offload.decorator import gpu
 from vedart.offload.force import forced_path, prefer_device
@@ -59,6 +58,7 @@ class LaneCall(Protocol):
     """One decided call of a @veda.gpu wrapper, run in phases (``PlannedCall``)."""
 
     decision: Decision
+    host_bytes: int  # of the host arrays among its arguments
 
     def stages(self, engine: TransferEngine) -> bool: ...
 
@@ -225,9 +225,6 @@ class GpuMapReader(WindowedReader):
                                     else threshold)
         assert runtime.gpu
         self._engine = runtime.gpu.transfers
-        import cupy  # a GPU is usable; CuPy arrays among the items are not bytes to move
-
-        self._device_type: type = cupy.ndarray
         self._inbox = Batch([], [])
         self._inbox_position = 0
         self._cpu_items = _CpuItems()
@@ -259,9 +256,7 @@ class GpuMapReader(WindowedReader):
         except Exception as error:
             self._add_cpu(ItemFailure(origin, self.label, error), origin, 0)
             return
-        nbytes = host_bytes((item,), {}, self._device_type)
-        nbytes = 0 if nbytes >= ON_DEVICE else nbytes
-        decision = call.decision
+        nbytes, decision = call.host_bytes, call.decision
         if decision.path == "cpu":
             self._add_cpu(item, origin, nbytes)
             return
