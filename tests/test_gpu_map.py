@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -49,7 +50,10 @@ class FakeBinding:
 class FakeCall:
     """A decided call of :class:`FakeOffload`, run in the phases a lane runs a PlannedCall."""
 
+    alive: weakref.WeakSet[FakeCall] = weakref.WeakSet()  # a PlannedCall holds staged memory
+
     def __init__(self, offload: FakeOffload, item: np.ndarray, decision: Decision) -> None:
+        FakeCall.alive.add(self)
         self.offload, self.item, self.decision = offload, item, decision
         self.host_bytes = item.nbytes
         self.staged_on: str | None = None
@@ -335,3 +339,26 @@ def test_a_full_device_admits_again_once_drained_to_its_refill_level() -> None:
             gate.set()
     finally:
         lanes.shutdown()
+
+
+def test_a_failed_pipeline_drops_the_calls_it_cancelled() -> None:
+    import gc
+
+    runtime = fake_gpus(count=1)
+
+    def fail_first(item: np.ndarray) -> int:
+        if int(item[0]) == 0:
+            raise ArithmeticError("item zero")
+        return int(item[0])
+
+    pipeline = par_iter(items(40, 2 * MB)).gpu_map(FakeOffload(fail_first, gpu_seconds=0.005))
+    with pytest.raises(ParIterError) as caught:
+        pipeline.collect()
+    assert caught.value.index == 0
+    del caught  # its frames hold the failed call
+    lanes = runtime.scheduler.gpu_lanes(lambda: None).devices[0]
+    deadline = time.monotonic() + 5
+    while lanes.in_flight and time.monotonic() < deadline:
+        time.sleep(0.005)
+    gc.collect()
+    assert lanes.in_flight == 0 and not FakeCall.alive, len(FakeCall.alive)  # pipeline still held

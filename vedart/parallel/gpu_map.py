@@ -164,10 +164,18 @@ class _LaneItem:
         self._begin_error: BaseException | None = None
 
     def claim(self) -> bool:
-        return self.task.claim()
+        if self.task.claim():
+            return True
+        self._drop_call()  # cancelled while queued: its staged inputs go back to the pool now
+        return False
 
     def cancel(self) -> None:
         self.task.cancel()
+        self._drop_call()
+
+    def _drop_call(self) -> None:
+        # The window keeps a cancelled task (and so this item) until the pipeline is gone.
+        self._call = self._staging = None
 
     def begin(self, lane: Lane) -> None:
         self._lane, self._started = lane, time.perf_counter()
