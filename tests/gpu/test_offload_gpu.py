@@ -3,6 +3,7 @@ and a property test comparing the GPU path with the CPU path (``pytest -m gpu``)
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -185,7 +186,9 @@ def test_input_larger_than_free_device_memory_runs_on_cpu() -> None:
     huge = np.broadcast_to(np.float64(1.5), (200_000, 100_000))  # 160 GB logical, no memory
     assert corner(huge) == np.float64(7.5)
     path, reason = last(corner)
-    assert path == "cpu" and reason.startswith("device 0 has ") and "needs 320.0 GB (2.0x inputs)" in reason
+    # the device with the most free memory: not always 0 on a machine with two GPUs
+    assert path == "cpu" and re.match(r"device \d+ has .* needs 320\.0 GB \(2\.0x inputs\)$",
+                                      reason), reason
 
 
 def test_user_exceptions_propagate_and_are_not_rerun() -> None:
@@ -289,7 +292,7 @@ def test_telemetry_records_bytes_and_phases() -> None:
     a, b = rng.random((1000, 1000)), rng.random((1000, 1000))
     matrix_multiply(a, b)
     record = veda.get_runtime().telemetry.recent()[-1]
-    assert record.path == "gpu" and record.device == 0
+    assert record.path == "gpu" and f"device {record.device} has " in record.reason, record
     assert record.bytes_to_device == 16_000_000 and record.bytes_to_host == 8_000_000
     assert record.seconds_to_device > 0 and record.seconds_compute > 0 and record.seconds_to_host > 0
 
