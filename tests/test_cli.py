@@ -70,3 +70,27 @@ def test_console_script_entry_point_is_declared() -> None:
 
     scripts = {ep.name: ep.value for ep in metadata.entry_points(group="console_scripts")}
     assert scripts.get("vedart") == "vedart.cli:main"
+
+
+def test_demo_checks_every_pattern_and_says_where_it_ran() -> None:
+    result = run_cli("demo", env={"VEDART_GPU": "0"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("GPU: none usable: GPU disabled by config")
+    assert result.stdout.count("[ok]") == 4 and "[FAILED]" not in result.stdout
+    assert result.stdout.count("last reason: GPU disabled by config") == 2
+    assert 'last reason: forced by @gpu(force="gpu") but GPU disabled by config' in result.stdout
+    assert "vedart.demo.column_sums_of_gram      16" in result.stdout  # veda.report()'s row
+    assert result.stdout.rstrip().endswith("all checks passed")
+
+
+def test_demo_exits_1_when_a_check_fails(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from vedart import demo
+
+    monkeypatch.setenv("VEDART_GPU", "0")
+    monkeypatch.setattr(demo, "PI_TOLERANCE", 0.0)
+    assert main(["demo"]) == 1
+    printed = capsys.readouterr().out
+    assert "[FAILED] within 0.0 of pi" in printed and printed.rstrip().endswith(
+        "SOME CHECKS FAILED")
+    assert printed.count("[ok]") == 3

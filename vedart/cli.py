@@ -1,5 +1,5 @@
-"""``python -m vedart`` / ``vedart``: the command line. Subcommands: ``info``, ``bench``,
-``calibrate``."""
+"""``python -m vedart`` / ``vedart``: the command line. Subcommands: ``demo``, ``info``,
+``bench``, ``calibrate``."""
 
 from __future__ import annotations
 
@@ -142,6 +142,12 @@ def _bench(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(arguments: argparse.Namespace) -> int:
+    from vedart import demo
+
+    return 0 if demo.run() else 1
+
+
 def _calibrate(arguments: argparse.Namespace) -> int:
     from vedart import calibrate
 
@@ -153,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vedart", description="vedart command line")
     parser.add_argument("--version", action="version", version=f"vedart {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser("demo", help="the seed guide's patterns end to end, checked "
+                               "against NumPy, with where each call ran and why")
+    demo.set_defaults(handler=_demo)
     info = commands.add_parser("info", help="versions, configuration and GPU devices")
     info.add_argument("--json", action="store_true", help="print the same as JSON")
     info.set_defaults(handler=_info)
