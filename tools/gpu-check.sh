@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU-side check in one call, for the lent GPU machine:
 #   installs carried wheels (.whl/, see ../shared/device/README.md) if present,
-#   records nvidia-smi and `vedart info`, runs `pytest -m gpu -v`, then the quick benchmarks.
+#   records nvidia-smi and `vedart info`, runs `vedart demo` and `pytest -m gpu -v`, then the
+#   quick benchmarks.
 # Logs and JSON go under $OUT (default ./gpu-check-out). Extra arguments go to pytest.
 # Exit status: non-zero if any step failed (every step still runs).
 set -u
@@ -22,6 +23,7 @@ step() {  # step NAME COMMAND...: run, tee the log to $OUT/NAME.log, remember fa
 step nvidia-smi nvidia-smi
 step info python3 -m vedart info
 python3 -m vedart info --json > "$OUT/info.json" 2>/dev/null
+step demo python3 -m vedart demo
 step pytest-gpu python3 -m pytest -m gpu -v -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" "$@"
 for bench in $(python3 -c "from vedart.cli import QUICK_BENCHMARKS as b; print(*b)" 2>/dev/null); do
   step "bench-$bench" python3 -m vedart bench "$bench" --quick --json "$OUT/bench-$bench.json"
