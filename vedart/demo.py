@@ -118,7 +118,8 @@ def run(out: Callable[[str], None] = print, seed: int | None = None) -> bool:
     if placed:  # without a GPU, gpu_map is a map of the @gpu wrapper: nothing to place
         out(f"  items per lane path: {placed}")
 
-    out("\nveda.report():")
+    out("\nveda.report() (a function's first GPU call includes CUDA start-up and kernel "
+        "compilation):")
     veda.report()
     out("\n" + ("all checks passed" if checks.passed else "SOME CHECKS FAILED"))
     veda.shutdown()
