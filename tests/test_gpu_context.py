@@ -120,3 +120,19 @@ def test_free_memory_comes_from_the_probe() -> None:
     probe = FakeProbe(free=5 * GIB)
     gpu = veda.init(device_probe=probe).gpu
     assert gpu is not None and gpu.free_memory(0) == 5 * GIB and probe.memory_queries == 1
+
+
+def test_free_memory_reuses_a_young_reading_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vedart.gpu import context
+
+    probe = FakeProbe(count=2, free=5 * GIB)
+    gpu = veda.init(device_probe=probe).gpu
+    assert gpu is not None
+    monkeypatch.setattr(context, "FREE_MEMORY_MAX_AGE_S", 3600.0)
+    assert [gpu.free_memory(0), gpu.free_memory(0), gpu.free_memory(1)] == [5 * GIB] * 3
+    assert probe.memory_queries == 2  # one per device
+    probe.free[0] = 1 * GIB
+    assert gpu.free_memory(0) == 5 * GIB  # still young
+    monkeypatch.setattr(context, "FREE_MEMORY_MAX_AGE_S", 0.0)
+    assert gpu.free_memory(0) == 1 * GIB and probe.memory_queries == 3
+    assert gpu.get_memory_stats(0)["free_mb"] == 1 * GIB / 2**20  # statistics read afresh

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from vedart.backends.cuda import CUDABackend
 from vedart.config import Config
@@ -12,6 +13,9 @@ from vedart.gpu.memory import DeviceMemory
 from vedart.gpu.transfer import TransferEngine
 
 MIB = 2**20
+
+
+FREE_MEMORY_MAX_AGE_S = 0.01  # a decision may reuse a free-memory reading this young
 
 
 class GPUContext:
@@ -40,6 +44,7 @@ class GPUContext:
         self.memory: DeviceMemory | None = None
         self._backends: dict[int, CUDABackend] = {}
         self._backends_lock = threading.Lock()
+        self._free_readings: dict[int, tuple[int, float]] = {}  # ordinal -> (bytes, when)
         if self.is_available():
             self.transfers = TransferEngine(config.pinned_memory_limit)
             self.memory = DeviceMemory([device.ordinal for device in self.devices],
@@ -81,8 +86,16 @@ class GPUContext:
             return backend
 
     def free_memory(self, ordinal: int) -> int:
-        """Free bytes on device ``ordinal`` now (NVML; the cost model's query)."""
-        return self._probe.free_and_total(ordinal)[0]
+        """Free bytes on device ``ordinal`` (NVML; the cost model's query), read at most
+        ``FREE_MEMORY_MAX_AGE_S`` ago: the query costs tens of microseconds, a large share of
+        a GPU call's overhead when calls come back to back."""
+        now = time.monotonic()
+        reading = self._free_readings.get(ordinal)
+        if reading is not None and now - reading[1] < FREE_MEMORY_MAX_AGE_S:
+            return reading[0]
+        free = self._probe.free_and_total(ordinal)[0]
+        self._free_readings[ordinal] = (free, now)
+        return free
 
     def get_memory_stats(self, device: int | None = None) -> dict[str, float]:
         """Memory of ``device`` (None: the first configured), in MiB unless noted:
