@@ -100,6 +100,10 @@ class AdaptiveModel:
         self._saved_at = time.monotonic()
         # Per-(function, signature) fits, dropped when a bucket's best time of a path changes.
         self._fit_cache: dict[tuple[str, str], dict[str, Callable[[int], float] | None]] = {}
+        # Changes whenever a choice may have changed: a best time, a path still being explored
+        # (its sample count), the calibration. Callers deriving state from choices re-derive
+        # it only then.
+        self.revision = 0
 
     def _samples(self, key: str, signature: str, bucket: int) -> dict[str, list[list[float]]]:
         buckets = self._data["functions"].setdefault(key, {})
@@ -176,6 +180,9 @@ class AdaptiveModel:
             del kept[:-SAMPLES_KEPT]
             if min(kept) != best_before:
                 self._fit_cache.pop((key, signature), None)
+                self.revision += 1
+            elif len(kept) <= EXPLORE_TRIES:
+                self.revision += 1
             self._unsaved = True
             due = time.monotonic() - self._saved_at >= SAVE_INTERVAL_S
         if due:
@@ -184,6 +191,7 @@ class AdaptiveModel:
     def set_calibration(self, calibration: Calibration) -> None:
         with self._lock:
             self.calibration = calibration
+            self.revision += 1
             self._data["calibration"] = asdict(calibration)
             self._unsaved = True
 

@@ -128,6 +128,7 @@ class _Offload:
         # Under the adaptive model: bytes below which this function is settled on the CPU, so
         # the fast path skips the model (read on every call; replaced, never mutated).
         self.learned_floor = 0
+        self._floor_revision = -1  # the model revision learned_floor was derived at
         self.plan = _Plan(runtime=_NEVER_CURRENT)
         self._clone: Callable[..., Any] | None = None
         self._signature: inspect.Signature | None = None
@@ -175,6 +176,7 @@ class _Offload:
 
     def _update_learned_floor(self, runtime: Runtime) -> None:
         model = runtime.cost_model
+        self._floor_revision = -1 if model is None else model.revision  # read before deriving
         floor = 0 if model is None or self.options.threshold is not None \
             else model.cpu_ceiling(self.key)
         self.learned_floor = floor
@@ -232,7 +234,8 @@ class _Offload:
             return
         runtime.cost_model.observe(self.key, signature_of(facts.host_arrays), facts.host_bytes,
                                    decision.path, seconds)
-        self._update_learned_floor(runtime)
+        if runtime.cost_model.revision != self._floor_revision:
+            self._update_learned_floor(runtime)
 
     def run_on_cpu(self, plan: _Plan, path: str, reason: str, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
