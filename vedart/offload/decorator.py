@@ -254,25 +254,24 @@ class _Offload:
         return self._clone
 
     def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any], *,
-               timed: bool) -> _Launch:
+               timed_upload: bool) -> _Launch:
         """Move the host inputs (arrays or Staged copies) to ``device`` and run the substituted
-        clone there, on the current stream, without waiting for the device. With ``timed``,
-        CUDA events on the stream mark the phases, so :meth:`land` can tell upload from
-        compute time without the host ever waiting between the two."""
+        clone there, on the current stream, without waiting for the device. With
+        ``timed_upload`` the stream is synchronised between the two, so the upload is timed
+        on its own."""
         import cupy
 
         device_function = self._device_function()
         with cupy.cuda.Device(device):
             stream = cupy.cuda.get_current_stream()
-            marks = _PhaseMarks(stream) if timed else None
+            started = time.perf_counter()
             device_args = map_arrays(args, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
             device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
-            if marks is not None:
-                marks.uploaded.record(stream)
+            if timed_upload:
+                stream.synchronize()
+            moved_in = time.perf_counter()
             result = device_function(*device_args, **device_kwargs)
-            if marks is not None:
-                marks.computed.record(stream)
-        return _Launch(device, stream, device_args, device_kwargs, result, marks)
+        return _Launch(device, stream, device_args, device_kwargs, result, started, moved_in)
 
     def land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
@@ -283,8 +282,6 @@ class _Offload:
         with cupy.cuda.Device(launch.device), launch.stream:
             launch.stream.synchronize()
             computed = time.perf_counter()
-            to_device_s, compute_s = (0.0, 0.0) if launch.marks is None \
-                else launch.marks.seconds()
             write_backs = self._fetch_writes(args, kwargs, launch.device_args,
                                              launch.device_kwargs)
             bytes_to_host = sum(host.nbytes for _, host in write_backs)
@@ -299,7 +296,8 @@ class _Offload:
             self.name, "gpu", reason, launch.device,
             bytes_to_device=bytes_to_device,
             bytes_to_host=bytes_to_host,
-            seconds_to_device=to_device_s, seconds_compute=compute_s,
+            seconds_to_device=launch.moved_in - launch.started,
+            seconds_compute=computed - launch.moved_in,
             seconds_to_host=finished - computed, timestamp=time.time())
         return result, record
 
@@ -313,35 +311,18 @@ class _Offload:
         return [(host_bound[name], to_host(device_bound[name])) for name in self.options.writes]
 
 
-class _PhaseMarks:
-    """CUDA events on one stream: recorded at creation, after the upload, after the compute."""
-
-    def __init__(self, stream: Any) -> None:
-        import cupy
-
-        self.started, self.uploaded, self.computed = (cupy.cuda.Event() for _ in range(3))
-        self.started.record(stream)
-
-    def seconds(self) -> tuple[float, float]:
-        """(upload, compute) seconds on the device; call once the stream has passed them."""
-        import cupy
-
-        return (cupy.cuda.get_elapsed_time(self.started, self.uploaded) / 1e3,
-                cupy.cuda.get_elapsed_time(self.uploaded, self.computed) / 1e3)
-
-
 @dataclass
 class _Launch:
     """Device work of one call, enqueued on ``stream`` of ``device``; ``result`` holds device
-    arrays that are complete once the stream is synchronised. ``marks`` time its phases when
-    telemetry records them."""
+    arrays that are complete once the stream is synchronised."""
 
     device: int
     stream: Any
     device_args: tuple[Any, ...]
     device_kwargs: dict[str, Any]
     result: Any
-    marks: _PhaseMarks | None
+    started: float
+    moved_in: float
 
 
 class PlannedCall:
@@ -396,7 +377,7 @@ class PlannedCall:
             self._offload.learn(self._runtime, decision, self.facts,
                                  time.perf_counter() - started)
             return result
-        self.launch()
+        self.launch(timed_upload=True)
         return self.land()
 
     def stages(self, engine: TransferEngine) -> bool:
@@ -414,7 +395,7 @@ class PlannedCall:
         except Exception as error:
             self._failure = error
 
-    def launch(self) -> None:
+    def launch(self, *, timed_upload: bool = False) -> None:
         """Upload and enqueue the device work on the current stream (see the class doc)."""
         assert self._inputs is not None and self.decision.device is not None
         self._started = time.perf_counter()
@@ -422,7 +403,7 @@ class PlannedCall:
             return
         try:
             self._launch = self._offload.launch(self.decision.device, *self._inputs,
-                                                timed=self._plan.stats is not None)
+                                                timed_upload=timed_upload)
         except Exception as error:
             self._failure = error
 
