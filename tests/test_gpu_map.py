@@ -311,6 +311,9 @@ class HeldWork:
     def cancel(self) -> None:
         pass
 
+    def fail(self, lane: Lane, error: BaseException) -> None:
+        raise AssertionError(f"unexpected failure on {lane}: {error!r}")
+
 
 def test_a_full_device_admits_again_once_drained_to_its_refill_level() -> None:
     lanes = DeviceLanes(0, STREAMS_PER_DEVICE, FakeBinding(), lambda nbytes, free: True)
@@ -362,3 +365,50 @@ def test_a_failed_pipeline_drops_the_calls_it_cancelled() -> None:
         time.sleep(0.005)
     gc.collect()
     assert lanes.in_flight == 0 and not FakeCall.alive, len(FakeCall.alive)  # pipeline still held
+
+
+class FailingBinding(FakeBinding):
+    """Fake lanes whose ``failing``-th activation (making device and stream current) raises."""
+
+    failing = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._activations = itertools.count(1)
+
+    @contextmanager
+    def activate(self, device: int, stream: str) -> Iterator[None]:
+        if next(self._activations) == self.failing:
+            raise RuntimeError("activation failed")
+        with super().activate(device, stream):
+            yield
+
+
+@pytest.mark.parametrize("failing", [1, 3], ids=["to-begin", "to-finish"])
+def test_a_lane_survives_a_device_it_cannot_make_current(monkeypatch: pytest.MonkeyPatch,
+                                                         failing: int) -> None:
+    monkeypatch.setattr(FailingBinding, "failing", failing)  # 1: item 0 begins, 3: it finishes
+    monkeypatch.setattr(gpu_map, "CudaBinding", FailingBinding)
+    fake_gpus(count=1)
+    wrapper = FakeOffload(first_times_ten)
+    returned = par_iter(items(12, 2 * MB)).gpu_map(wrapper).collect(errors="return")
+    failed = [i for i, value in enumerate(returned) if isinstance(value, Exception)]
+    assert len(failed) == 1 and str(returned[failed[0]]) == "activation failed"
+    assert [v for i, v in enumerate(returned) if i not in failed] == [
+        10 * i for i in range(12) if i not in failed]
+    assert par_iter(items(6, 2 * MB)).gpu_map(wrapper).collect() == [10 * i for i in range(6)]
+
+
+def test_an_idle_lane_keeps_no_results_alive() -> None:
+    import gc
+
+    runtime = fake_gpus(count=1)
+    results = par_iter(items(6, 2 * MB)).gpu_map(FakeOffload(lambda item: item * 2)).collect()
+    alive = [weakref.ref(result) for result in results]
+    del results
+    lanes = runtime.scheduler.gpu_lanes(lambda: None).devices[0]
+    deadline = time.monotonic() + 5
+    while lanes.in_flight and time.monotonic() < deadline:
+        time.sleep(0.005)
+    gc.collect()
+    assert [ref() for ref in alive] == [None] * 6

@@ -12,7 +12,12 @@ from fakes import FakeProbe
 
 import vedart as veda
 from vedart.gpu.pinned import PinnedPool, size_class
-from vedart.gpu.transfer import contiguous_layout, native_byte_order, plan_chunks
+from vedart.gpu.transfer import (
+    TransferEngine,
+    contiguous_layout,
+    native_byte_order,
+    plan_chunks,
+)
 
 
 class HostBlock:
@@ -116,3 +121,11 @@ def test_memory_stats_and_empty_cache_without_a_device_behind_the_probe() -> Non
     stats = runtime.gpu.get_memory_stats()
     assert stats["pinned_used_mb"] == 0.0 and stats["pool_allocated_mb"] == 0.0
     veda.empty_cache()  # nothing cached: must not raise
+
+
+def test_a_closed_engine_refuses_staging_work_instead_of_restarting_threads() -> None:
+    engine = TransferEngine(2**20)
+    assert engine.submit_staging(lambda: 42).result() == 42
+    engine.close()
+    with pytest.raises(RuntimeError, match="transfer engine is closed"):
+        engine.submit_staging(lambda: 42)

@@ -13,7 +13,7 @@ and ``.get()`` at 3-11 GB/s, while pinned memory reaches 54 GB/s both ways. So:
   ``Tuning.direct_below`` up to ``Tuning.pool_from``) into pooled pinned memory on one of the
   staging threads, ahead of time, and :meth:`TransferEngine.upload` later sends it to the
   device with one asynchronous copy. par_iter's GPU lanes stage the next items this way while
-  the current ones compute, so the lane thread never copies host memory itself.
+  the current ones compute, so the lane thread does not copy mid-size inputs itself.
 - device -> host: results land in pooled pinned memory by one asynchronous copy, and are handed
   out as ordinary ``numpy.ndarray`` objects (the memory returns to the pool when they are
   garbage-collected), up to ``Config.pinned_memory_limit``; past it, ``.get()`` copies them
@@ -77,17 +77,13 @@ def contiguous_layout(array: Any) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Staged:
     """A host array's contents in pinned memory (native byte order, C or Fortran order), ready
     for :meth:`TransferEngine.upload`. The pinned block returns to the pool when this object
     is dropped: keep it until the upload has completed (its stream synchronised)."""
 
     pinned: np.ndarray
-
-    @property
-    def nbytes(self) -> int:
-        return self.pinned.nbytes
 
 
 class StagingRing:
@@ -129,9 +125,13 @@ class TransferEngine:
         self._lock = threading.Lock()
         self._idle_rings: dict[int, list[StagingRing]] = defaultdict(list)
         self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
 
     def _fill_pool(self) -> ThreadPoolExecutor:
+        """The staging threads (started on first use); RuntimeError once closed."""
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the transfer engine is closed (its runtime shut down)")
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.tuning.threads,
                                                     thread_name_prefix="vedart-staging")
@@ -292,7 +292,7 @@ class TransferEngine:
     def close(self) -> None:
         """Stop the staging threads and free pinned memory not held by result arrays."""
         with self._lock:
-            executor, self._executor = self._executor, None
+            executor, self._executor, self._closed = self._executor, None, True
         if executor is not None:
             executor.shutdown(wait=True)
         self.empty_cache()

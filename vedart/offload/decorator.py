@@ -33,6 +33,7 @@ from vedart.offload.arguments import (
     CONTAINER_DEPTH,
     ArgumentFacts,
     host_bytes,
+    iter_arrays,
     map_arrays,
     scan,
 )
@@ -352,7 +353,9 @@ class PlannedCall:
         self._inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = (args, kwargs)
         self._launch: _Launch | None = None
         self._failure: Exception | None = None
-        self._started = 0.0
+        # This call's own time in stage/launch/land: what the adaptive model learns (on a lane,
+        # the span from launch to land also holds the neighbouring items' work).
+        self._own_seconds = 0.0
 
     @property
     def _runtime(self) -> Runtime:
@@ -388,29 +391,33 @@ class PlannedCall:
         """Copy the host inputs :meth:`TransferEngine.stages` picks into pinned memory (a GPU
         decision only; a failure is kept for :meth:`land`)."""
         assert self._inputs is not None and self.decision.path == "gpu"
+        started = time.perf_counter()
         args, kwargs = self._inputs
         try:
             self._inputs = (map_arrays(args, np.ndarray, engine.stage, CONTAINER_DEPTH + 1),
                             map_arrays(kwargs, np.ndarray, engine.stage, CONTAINER_DEPTH + 1))
         except Exception as error:
             self._failure = error
+        self._own_seconds += time.perf_counter() - started
 
     def launch(self, *, timed_upload: bool = False) -> None:
         """Upload and enqueue the device work on the current stream (see the class doc)."""
         assert self._inputs is not None and self.decision.device is not None
-        self._started = time.perf_counter()
         if self._failure is not None:
             return
+        started = time.perf_counter()
         try:
             self._launch = self._offload.launch(self.decision.device, *self._inputs,
                                                 timed_upload=timed_upload)
         except Exception as error:
             self._failure = error
+        self._own_seconds += time.perf_counter() - started
 
     def land(self) -> Any:
         """The launched call's result (see the class doc); the user's own exceptions propagate
         unchanged."""
         offload, decision, runtime = self._offload, self.decision, self._runtime
+        landing = time.perf_counter()
         try:
             if self._failure is not None:
                 raise self._failure
@@ -428,14 +435,34 @@ class PlannedCall:
             _warn_once.warn(offload.name, error, f"{offload.name}: {reason}")
             result = offload.run_on_cpu(self._plan, "fallback", reason, self.args, self.kwargs)
             # A failed GPU attempt costs its time plus the re-run: learn it as the GPU's time.
-            offload.learn(runtime, decision, self.facts, time.perf_counter() - self._started)
+            offload.learn(runtime, decision, self.facts,
+                          self._own_seconds + time.perf_counter() - landing)
             return result
         finally:
+            if self._failure is not None:
+                self._settle_uploads()
             self._inputs = self._launch = self._failure = None  # staged and device memory
-        offload.learn(runtime, decision, self.facts, time.perf_counter() - self._started)
+        offload.learn(runtime, decision, self.facts,
+                      self._own_seconds + time.perf_counter() - landing)
         if self._plan.stats is not None:
             runtime.telemetry.record(record)
         return result
+
+
+    def _settle_uploads(self) -> None:
+        """Before staged (pinned) inputs go back to the pool after a failed launch, wait for
+        any copy the launch queued from them."""
+        assert self._inputs is not None
+        if not any(True for container in self._inputs
+                   for _ in iter_arrays(container, Staged, CONTAINER_DEPTH + 1)):
+            return
+        import cupy
+
+        try:
+            with cupy.cuda.Device(self.decision.device):
+                cupy.cuda.get_current_stream().synchronize()
+        except Exception:  # a broken device: the failure being handled reports it already
+            pass
 
 
 def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., Any]:

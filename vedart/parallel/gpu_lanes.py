@@ -79,6 +79,11 @@ class LaneWork(Protocol):
         """Drop the item unstarted (shutdown)."""
         ...
 
+    def fail(self, lane: Lane, error: BaseException) -> None:
+        """Deliver ``error`` as the outcome of a claimed item ``lane`` could not run or finish
+        (its device could not be made current); nothing once the item has finished."""
+        ...
+
 
 @dataclass(frozen=True)
 class Lane:
@@ -132,7 +137,8 @@ class DeviceLanes:
     def admit(self, nbytes: int, free_bytes: int | None, *, wait: bool) -> bool:
         """Count in an item of ``nbytes`` input bytes whose decision read ``free_bytes`` free
         on the device (None: bound by count only). When the device is full: False if not
-        ``wait``, else wait for the lane to finish an item. False after shutdown."""
+        ``wait``, else wait until the lane has drained the device to its refill level (or to
+        where the bytes fit). False after shutdown."""
         with self._admission:
             if wait:
                 self._admission.wait_for(
@@ -151,6 +157,10 @@ class DeviceLanes:
                 self._queue.put((work, nbytes))
                 return
         work.cancel()
+        self._release(nbytes)
+
+    def withdraw(self, nbytes: int) -> None:
+        """Give back an admission that will not be enqueued (the item failed before)."""
         self._release(nbytes)
 
     def _has_room(self, nbytes: int, free_bytes: int | None) -> bool:
@@ -178,25 +188,38 @@ class DeviceLanes:
                 continue
             if entry is None:
                 break
-            work, nbytes = entry
-            if not work.claim():
-                self._release(nbytes)
-                continue
-            lane, turn = self._lanes[turn], (turn + 1) % self.streams
-            _local.lane = lane
-            with lane.activate():
-                work.begin(lane)
-            on_device.append((work, nbytes, lane))
+            if self._begin(*entry, self._lanes[turn], on_device):
+                turn = (turn + 1) % self.streams
+            entry = None  # an idle lane must not keep its last item (and its results) alive
             if len(on_device) >= self.streams:
                 self._finish(*on_device.popleft())
         while on_device:
             self._finish(*on_device.popleft())
+
+    def _begin(self, work: LaneWork, nbytes: int, lane: Lane,
+               on_device: deque[tuple[LaneWork, int, Lane]]) -> bool:
+        """Begin ``work`` on ``lane`` unless it was cancelled; whether it was claimed."""
+        if not work.claim():
+            self._release(nbytes)
+            return False
+        _local.lane = lane
+        try:
+            with lane.activate():
+                work.begin(lane)
+        except BaseException as error:  # the item fails; the lane lives on for the others
+            work.fail(lane, error)
+            self._release(nbytes)
+            return True
+        on_device.append((work, nbytes, lane))
+        return True
 
     def _finish(self, work: LaneWork, nbytes: int, lane: Lane) -> None:
         _local.lane = lane
         try:
             with lane.activate():
                 work.finish()
+        except BaseException as error:  # the item fails; the lane lives on for the others
+            work.fail(lane, error)
         finally:
             self._release(nbytes)
 

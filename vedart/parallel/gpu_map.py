@@ -166,15 +166,24 @@ class _LaneItem:
     def claim(self) -> bool:
         if self.task.claim():
             return True
-        self._drop_call()  # cancelled while queued: its staged inputs go back to the pool now
+        self._drop_call()  # cancelled while queued: the lane skips it
         return False
 
     def cancel(self) -> None:
         self.task.cancel()
         self._drop_call()
 
+    def fail(self, lane: Lane, error: BaseException) -> None:
+        if self._call is None:  # finished already
+            return
+        self._lane, self._begin_error = lane, error
+        self._started = self._started or time.perf_counter()
+        self.task.run()
+
     def _drop_call(self) -> None:
-        # The window keeps a cancelled task (and so this item) until the pipeline is gone.
+        # Until the lane reaches it, its queue holds this item: keep no staged memory meanwhile.
+        if self._staging is not None:
+            self._staging.cancel()  # not started yet: nothing is copied for it
         self._call = self._staging = None
 
     def begin(self, lane: Lane) -> None:
@@ -200,7 +209,8 @@ class _LaneItem:
         try:
             if self._begin_error is not None:
                 raise self._begin_error
-            value = call.land()
+            with prefer_device(self._lane.device):  # a CPU re-run's nested @gpu calls too
+                value = call.land()
         except Exception as error:
             value = ItemFailure(self._origin, self._reader.label, error)
         finished = time.perf_counter()
@@ -281,7 +291,11 @@ class GpuMapReader(WindowedReader):
             if not lanes.admit(nbytes, decision.free_bytes, wait=True):  # shut down meanwhile
                 self._push(Task.cancelled())
                 return
-        work = _LaneItem(self, call, origin, nbytes, self._stage(call))
+        try:
+            work = _LaneItem(self, call, origin, nbytes, self._stage(call))
+        except BaseException:
+            lanes.withdraw(nbytes)
+            raise
         lanes.enqueue(work, nbytes)
         self._push(work.task)
 
