@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import vedart as veda
+from vedart.demo import monte_carlo_pi, train_step  # the seed guide's snippets
 
 pytestmark = pytest.mark.gpu
 
@@ -56,24 +57,6 @@ def efficient_operation(X: np.ndarray) -> np.ndarray:
     std = X.std(axis=0)
     normalized = (X - mean) / std
     return normalized @ normalized.T
-
-
-@veda.gpu
-def train_step(X: np.ndarray, y: np.ndarray, weights: np.ndarray) -> tuple[Any, np.ndarray]:
-    predictions = X @ weights
-    loss = ((predictions - y) ** 2).mean()
-    grad = 2 * X.T @ (predictions - y) / len(y)
-    return loss, grad
-
-
-@veda.gpu(force="gpu")
-def monte_carlo_pi(n_samples: int) -> Any:
-    import numpy as np
-
-    x = np.random.random(n_samples)
-    y = np.random.random(n_samples)
-    inside = (x**2 + y**2) <= 1.0
-    return 4.0 * inside.sum() / n_samples
 
 
 @veda.gpu
