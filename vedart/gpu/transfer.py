@@ -184,8 +184,8 @@ class TransferEngine:
         while it copies. The caller's array is only read."""
         if not self.stages(array):
             return array
-        order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
-        pinned = self.pinned.array(array.shape, array.dtype.newbyteorder("="), order=order)
+        pinned = self.pinned.array(array.shape, array.dtype.newbyteorder("="),
+                                   order=contiguous_layout(array) or "C")
         if pinned is None:
             return array
         np.copyto(pinned, array, casting="equiv")  # any layout, any byte order

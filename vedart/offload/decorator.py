@@ -349,13 +349,17 @@ class PlannedCall:
         self.kwargs = kwargs
         self.facts = scan(args, kwargs, plan.device_type)
         self.decision = offload.decide(plan, self.facts, args, kwargs)
-        self.host_bytes = self.facts.host_bytes
         self._inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = (args, kwargs)
         self._launch: _Launch | None = None
         self._failure: Exception | None = None
         # This call's own time in stage/launch/land: what the adaptive model learns (on a lane,
         # the span from launch to land also holds the neighbouring items' work).
         self._own_seconds = 0.0
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the host arrays among the arguments."""
+        return self.facts.host_bytes
 
     @property
     def _runtime(self) -> Runtime:
@@ -447,7 +451,6 @@ class PlannedCall:
         if self._plan.stats is not None:
             runtime.telemetry.record(record)
         return result
-
 
     def _settle_uploads(self) -> None:
         """Before staged (pinned) inputs go back to the pool after a failed launch, wait for
