@@ -39,20 +39,22 @@ def host_bytes(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type)
         elif kind is device_type:
             return ON_DEVICE
         elif kind in _CONTAINERS or isinstance(value, _ndarray):
-            total += _host_bytes_nested(value, device_type, CONTAINER_DEPTH)
+            total += value_bytes(value, device_type)
     if kwargs:
-        total += _host_bytes_nested(kwargs, device_type, CONTAINER_DEPTH + 1)
+        total += value_bytes(kwargs, device_type, CONTAINER_DEPTH + 1)
     return total
 
 
-def _host_bytes_nested(value: Any, device_type: type, depth: int) -> int:
+def value_bytes(value: Any, device_type: type, depth: int = CONTAINER_DEPTH) -> int:
+    """Bytes of the host ndarrays in one argument value (``ON_DEVICE`` or more if it holds a
+    device array), opening at most ``depth`` container levels."""
     if isinstance(value, np.ndarray):
         return value.nbytes
     if type(value) is device_type:
         return ON_DEVICE
     if depth == 0 or not isinstance(value, _CONTAINERS):
         return 0
-    return sum(_host_bytes_nested(item, device_type, depth - 1) for item in _values(value))
+    return sum(value_bytes(item, device_type, depth - 1) for item in _values(value))
 
 
 def iter_arrays(value: Any, array_type: type, depth: int) -> Iterator[Any]:

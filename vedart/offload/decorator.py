@@ -2,7 +2,7 @@
 results, and fall back to the CPU when the GPU fails.
 
 The path of one call:
-1. Fast path, no NVML query, no logging: GPU disabled or absent, or host-array bytes below the
+1. Fast path (call_wrapper.py), no NVML query, no logging: GPU disabled or absent, or host-array bytes below the
    threshold with no device array -> call the function as written.
 2. Otherwise scan the arguments, ask the static cost model for a Decision (with a reason).
 3. GPU: inside ``cupy.cuda.Device(d)`` copy host arrays to the device, run the substituted
@@ -32,11 +32,11 @@ from vedart.offload.adaptive import ADAPTIVE_FLOOR, function_key, signature_of
 from vedart.offload.arguments import (
     CONTAINER_DEPTH,
     ArgumentFacts,
-    host_bytes,
     iter_arrays,
     map_arrays,
     scan,
 )
+from vedart.offload.call_wrapper import build_wrapper
 from vedart.offload.cost import Decision, Forcing, decide
 from vedart.offload.failures import WarnOnce, failure_summary, is_gpu_failure
 from vedart.offload.force import check_path, forced_path, preferred_device
@@ -92,13 +92,17 @@ class OffloadOptions:
                               tuple(writes), returns)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Plan:
-    """What the fast path needs, computed once per runtime."""
+    """What the fast path needs, computed once per runtime (see call_wrapper's rules)."""
 
     runtime: Runtime | None  # never None after refresh; a fresh _Offload holds _NEVER_CURRENT
     always_cpu: str | None = None     # a fixed reason when no call of this function can use a GPU
-    threshold: int = 0
+    threshold: int = 0  # the size rule's threshold (static, or the adaptive model's floor)
+    # Host bytes below which a call runs on the CPU without a decision: the threshold, raised
+    # to the size under which the adaptive model has settled this function on the CPU; 0 when
+    # @gpu(force="gpu") sends every call to the decision.
+    cutoff: int = 0
     stats: FunctionStats | None = None
     device_type: type = _NoDeviceArray
 
@@ -126,10 +130,7 @@ class _Offload:
         self.name = _qualified_name(func)
         self.key = function_key(func, self.name)
         self._gpu_warm = False
-        # Under the adaptive model: bytes below which this function is settled on the CPU, so
-        # the fast path skips the model (read on every call; replaced, never mutated).
-        self.learned_floor = 0
-        self._floor_revision = -1  # the model revision learned_floor was derived at
+        self._floor_revision = -1  # the model revision plan.cutoff was derived at
         self.plan = _Plan(runtime=_NEVER_CURRENT)
         self._clone: Callable[..., Any] | None = None
         self._signature: inspect.Signature | None = None
@@ -168,6 +169,7 @@ class _Offload:
             runtime=runtime,
             always_cpu=always_cpu,
             threshold=threshold,
+            cutoff=threshold if self.options.force is None else 0,
             stats=runtime.telemetry.function(self.name, threshold) if runtime.telemetry.enabled
             else None,
             device_type=device_type,
@@ -176,14 +178,30 @@ class _Offload:
         return self.plan
 
     def _update_learned_floor(self, runtime: Runtime) -> None:
+        """Raise the plan's cutoff to the size under which the adaptive model has settled this
+        function on the CPU, so the fast path skips the model there."""
         model = runtime.cost_model
         self._floor_revision = -1 if model is None else model.revision  # read before deriving
-        floor = 0 if model is None or self.options.threshold is not None \
-            else model.cpu_ceiling(self.key)
-        self.learned_floor = floor
-        stats = self.plan.stats
-        if stats is not None and floor > self.plan.threshold:
-            stats.threshold, stats.below_rule = floor, "adaptive: cpu learned faster below"
+        if model is None or self.options.threshold is not None or self.options.force is not None:
+            return
+        plan = self.plan
+        cutoff = max(plan.threshold, model.cpu_ceiling(self.key))
+        if cutoff == plan.cutoff:
+            return
+        self.plan = replace(plan, cutoff=cutoff)
+        if plan.stats is not None:
+            plan.stats.threshold, plan.stats.below_rule = (
+                (cutoff, "adaptive: cpu learned faster below") if cutoff > plan.threshold
+                else (plan.threshold, "below threshold"))
+
+    def plan_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PlannedCall:
+        """A call with these arguments, decided now and not yet run."""
+        plan = self.plan if self.plan.runtime is lifecycle.current else self.refresh()
+        return PlannedCall(self, plan, args, kwargs)
+
+    def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Decide one call the fast path did not settle, and run it."""
+        return self.plan_call(args, kwargs).run()
 
     def forcing(self) -> Forcing | None:
         in_context = forced_path.get()
@@ -472,37 +490,15 @@ def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., An
     if not callable(func):
         raise TypeError(f"@veda.gpu needs a callable; got {func!r} of type {type(func).__name__}")
     offload = _Offload(func, options)
-    check_threshold = options.force is None
-
-    @functools.wraps(func)
-    def gpu_wrapper(*args: Any, **kwargs: Any) -> Any:
-        plan = offload.plan
-        if plan.runtime is not lifecycle.current:
-            plan = offload.refresh()
-        if forced_path.get() is None:
-            stats = plan.stats
-            if plan.always_cpu is not None:
-                if stats is not None:
-                    next(stats.fast_cpu_calls)
-                    stats.last = plan.always_cpu
-                return func(*args, **kwargs)
-            if check_threshold:
-                nbytes = host_bytes(args, kwargs, plan.device_type)
-                if nbytes < plan.threshold or nbytes < offload.learned_floor:
-                    if stats is not None:
-                        next(stats.fast_cpu_calls)
-                        stats.last = nbytes
-                    return func(*args, **kwargs)
-        return PlannedCall(offload, plan, args, kwargs).run()
+    gpu_wrapper = build_wrapper(func, offload, forced_path)
 
     def plan_call(*args: Any, **kwargs: Any) -> PlannedCall:
         """A call with these arguments, decided now and not yet run (see PlannedCall)."""
-        plan = offload.plan if offload.plan.runtime is lifecycle.current else offload.refresh()
-        return PlannedCall(offload, plan, args, kwargs)
+        return offload.plan_call(args, kwargs)
 
     def explain(*args: Any, **kwargs: Any) -> Decision:
         """The Decision a call with these arguments would get now, without running anything."""
-        return plan_call(*args, **kwargs).decision
+        return offload.plan_call(args, kwargs).decision
 
     gpu_wrapper.explain = explain  # type: ignore[attr-defined]
     gpu_wrapper.plan_call = plan_call  # type: ignore[attr-defined]

@@ -1,0 +1,166 @@
+"""The wrapper a @gpu function is called through, compiled with the function's own parameters.
+
+The fast path (a call that stays on the CPU without a decision) must cost well under a
+microsecond. A ``*args, **kwargs`` wrapper spends most of that packing the arguments, looping
+over them and calling a helper to count their bytes, so for a plain Python function the wrapper
+is generated from a template with the function's parameter list: each named parameter's bytes
+are counted inline and the call is forwarded with the same binding (the parameter defaults are
+the function's own default objects, passed on explicitly). Other callables (partials, bound
+methods, callable objects) and functions whose parameters could clash with the template's names
+get the same template with ``*args, **kwargs``.
+
+Fast-path rules, read from the call site's plan (replaced, never mutated):
+- ``plan.always_cpu`` set: call the function, record that reason as the last decision;
+- else host-array bytes below ``plan.cutoff``: call the function, record the byte count;
+- else, or under a ``veda.force`` block: ``site.slow_call(args, kwargs)`` decides and runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any, Protocol
+
+import numpy as np
+
+from vedart import lifecycle
+from vedart.offload.arguments import host_bytes, value_bytes
+from vedart.telemetry import FunctionStats
+
+PREFIX = "_vd_"  # every name the template binds; a parameter starting with it disables inlining
+# Types that never hold arrays: counting them is skipped without a call.
+_PLAIN_TYPES = frozenset({int, float, complex, bool, str, bytes, type(None)})
+_EMPTY: dict[str, Any] = {}
+
+_TEMPLATE = """\
+def gpu_wrapper({parameters}):
+    _vd_plan = _vd_site.plan
+    if _vd_plan.runtime is not _vd_lifecycle.current:
+        _vd_plan = _vd_site.refresh()
+    if _vd_forced.get() is None:
+        _vd_stats = _vd_plan.stats
+        if _vd_plan.always_cpu is None:
+            _vd_nbytes = 0
+{count}
+            if _vd_nbytes < _vd_plan.cutoff:
+                if _vd_stats is not None:
+                    _vd_next(_vd_stats.fast_cpu_calls)
+                    _vd_stats.last = _vd_nbytes
+                return _vd_func({forward})
+        else:
+            if _vd_stats is not None:
+                _vd_next(_vd_stats.fast_cpu_calls)
+                _vd_stats.last = _vd_plan.always_cpu
+            return _vd_func({forward})
+    return _vd_site.slow_call({positional}, {keywords})
+"""
+
+_COUNT_NAMED = """\
+            _vd_kind = _vd_type({name})
+            if _vd_kind is _vd_ndarray:
+                _vd_nbytes += {name}.nbytes
+            elif _vd_kind not in _vd_plain:
+                _vd_nbytes += _vd_value_bytes({name}, _vd_plan.device_type)"""
+
+_COUNT_VARIADIC = "            _vd_nbytes += _vd_host_bytes({args}, {kwargs}, _vd_plan.device_type)"
+
+
+class FastPlan(Protocol):
+    """What the generated wrapper reads from a call site's plan."""
+
+    runtime: Any
+    always_cpu: str | None
+    cutoff: int
+    stats: FunctionStats | None
+    device_type: type
+
+
+class CallSite(Protocol):
+    """The per-function state a wrapper calls into."""
+
+    plan: FastPlan
+
+    def refresh(self) -> FastPlan:
+        """The plan for ``lifecycle.current`` (after init or shutdown)."""
+
+    def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Decide and run one call."""
+
+
+class _DefaultName:
+    """Renders as the template variable holding one parameter default."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _own_parameters(func: Callable[..., Any]) -> list[inspect.Parameter] | None:
+    """``func``'s parameters when the template can take them over exactly, else None."""
+    if not inspect.isfunction(func) or "__signature__" in vars(func):
+        return None
+    parameters = list(inspect.signature(func, follow_wrapped=False).parameters.values())
+    if any(parameter.name.startswith(PREFIX) for parameter in parameters):
+        return None
+    return parameters
+
+
+def _variadic() -> list[inspect.Parameter]:
+    return [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+            inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+
+
+def build_wrapper(func: Callable[..., Any], site: CallSite,
+                  forced_path: ContextVar[str | None]) -> Callable[..., Any]:
+    """A function with ``func``'s metadata that runs the fast-path rules above, then either
+    calls ``func`` or ``site.slow_call``."""
+    parameters = _own_parameters(func) or _variadic()
+    namespace: dict[str, Any] = {
+        "_vd_site": site, "_vd_func": func, "_vd_lifecycle": lifecycle,
+        "_vd_forced": forced_path, "_vd_next": next, "_vd_type": type,
+        "_vd_ndarray": np.ndarray, "_vd_plain": _PLAIN_TYPES, "_vd_value_bytes": value_bytes,
+        "_vd_host_bytes": host_bytes, "_vd_empty": _EMPTY,
+    }
+    rendered, count, forward, positional, keywords = [], [], [], [], []
+    var_args = var_kwargs = None
+    for index, parameter in enumerate(parameters):
+        name, kind = parameter.name, parameter.kind
+        if parameter.default is not inspect.Parameter.empty:
+            default_name = f"{PREFIX}default_{index}"
+            namespace[default_name] = parameter.default
+            parameter = parameter.replace(default=_DefaultName(default_name))
+        rendered.append(parameter.replace(annotation=inspect.Parameter.empty))
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            var_args = name
+            forward.append(f"*{name}")
+            positional.append(f"*{name}")
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            var_kwargs = name
+            forward.append(f"**{name}")
+            keywords.append(f"**{name}")
+        else:
+            count.append(_COUNT_NAMED.format(name=name))
+            if kind is inspect.Parameter.KEYWORD_ONLY:
+                forward.append(f"{name}={name}")
+                keywords.append(f"{name!r}: {name}")
+            else:
+                forward.append(name)
+                positional.append(name)
+    if var_args or var_kwargs:
+        count.append(_COUNT_VARIADIC.format(args=var_args or "()",
+                                            kwargs=var_kwargs or "_vd_empty"))
+    source = _TEMPLATE.format(
+        parameters=str(inspect.Signature(rendered))[1:-1],
+        count="\n".join(count) or "            pass",
+        forward=", ".join(forward),
+        positional=f"({', '.join(positional)},)" if positional else "()",
+        keywords="{" + ", ".join(keywords) + "}")
+    exec(compile(source, f"<@veda.gpu wrapper of {getattr(func, '__qualname__', func)!s}>",
+                 "exec"), namespace)
+    wrapper = namespace["gpu_wrapper"]
+    functools.update_wrapper(wrapper, func)
+    return wrapper
