@@ -19,7 +19,9 @@ def test_ops_suite_runs_without_a_gpu_and_reports_regret() -> None:
     result = ops.run(quick=True, sizes=(64 * 1024,))
     assert [row["op"] for row in result["rows"]] == list(ops.OPS)
     for row in result["rows"]:
-        assert row["oracle_s"] == row["cpu_s"] and "cupy_s" not in row
+        assert row["static_oracle_s"] == row["cpu_s"] and "cupy_s" not in row
+        assert row["adaptive_oracle_s"] == row["adaptive_phase_cpu_s"]
+        assert row["adaptive_regret"] == row["adaptive_s"] / row["adaptive_phase_cpu_s"]
         assert row["static_regret"] > 0 and row["adaptive_regret"] > 0
     assert result["summary"]["meets_target"] is None
     text = ops.format_table(result)

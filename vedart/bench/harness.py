@@ -33,6 +33,30 @@ def median_seconds(run: Callable[[], Any], *, repeats: int, warmup: int = 1,
     return statistics.median(samples)
 
 
+def interleaved_medians(runs: dict[str, Callable[[], Any]], *, repeats: int,
+                        warmup: dict[str, int] | None = None,
+                        synchronize: dict[str, Callable[[], None]] | None = None
+                        ) -> dict[str, float]:
+    """Median wall-clock seconds of each of ``runs``, timed in turn (one sample of each per
+    round, ``repeats`` rounds) so a slow spell of the machine affects all of them alike;
+    ``warmup[name]`` untimed runs first (default 1), ``synchronize[name]`` inside its spans."""
+    warmup, synchronize = warmup or {}, synchronize or {}
+    for name, run in runs.items():
+        for _ in range(warmup.get(name, 1)):
+            run()
+        if name in synchronize:
+            synchronize[name]()
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run()
+            if name in synchronize:
+                synchronize[name]()
+            samples[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def environment(device_name: str | None) -> dict[str, Any]:
     """Where and when a benchmark ran: device, CPU, versions, date."""
     from vedart.cli import component_versions
