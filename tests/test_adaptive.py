@@ -46,6 +46,16 @@ def test_explores_both_paths_boundedly_then_exploits_the_faster() -> None:
     assert set(chosen[2 * EXPLORE_TRIES:]) == {"gpu"}
 
 
+def test_explores_one_path_at_a_time_starting_with_the_predicted_faster() -> None:
+    # a path's tries back to back: each is timed after itself, as it runs once chosen
+    prior_cpu = AdaptiveModel(calibration=Calibration(cpu_bytes_per_s=1e12))
+    chosen = feed(prior_cpu, 16 * MB, {"cpu": 0.0010, "gpu": 0.0012}, calls=2 * EXPLORE_TRIES)
+    assert chosen == ["cpu"] * EXPLORE_TRIES + ["gpu"] * EXPLORE_TRIES
+    prior_gpu = AdaptiveModel(calibration=Calibration(cpu_bytes_per_s=1e6))
+    chosen = feed(prior_gpu, 16 * MB, {"cpu": 0.0010, "gpu": 0.0012}, calls=2 * EXPLORE_TRIES)
+    assert chosen == ["gpu"] * EXPLORE_TRIES + ["cpu"] * EXPLORE_TRIES
+
+
 def test_stops_exploring_a_clearly_worse_path_after_one_sample() -> None:
     model = AdaptiveModel(calibration=Calibration(cpu_bytes_per_s=1e12))  # prior: cpu first
     chosen = feed(model, 16 * MB, {"cpu": 0.001, "gpu": 0.001 * (CLEARLY_WORSE + 1)}, calls=10)

@@ -4,8 +4,9 @@ Bytes alone cannot tell (a float64 sum never pays for its transfer; a 256 KB FFT
 timings decide. Per (function, signature: dtypes and ranks, log2 size bucket) the model keeps
 the latest end-to-end times of each path and:
 
-1. explores: a path with fewer than ``EXPLORE_TRIES`` samples in the bucket is tried, the one
-   with fewer samples first, unless it is already clearly worse (its best time above
+1. explores: a path with fewer than ``EXPLORE_TRIES`` samples in the bucket is tried, one
+   path's tries back to back (the predicted-faster path first), unless that path is already
+   clearly worse (its best time above
    ``CLEARLY_WORSE`` x the other's, or so predicted by fits over several other sizes);
 2. exploits: otherwise it takes the path with the lower best time;
 3. generalises: a bucket with no samples for a path is predicted by a per-path fit
@@ -161,7 +162,10 @@ class AdaptiveModel:
             known = best[path] is not None or (fits[path] is not None and fits[other] is not None)
             return known and predicted[path] > CLEARLY_WORSE * predicted[other]
 
-        for path in sorted(PATHS, key=lambda p: (len(samples[p]), predicted[p])):
+        # A path being explored is finished before the other starts, so each is timed as it
+        # runs once chosen, after itself: a CPU run right after a GPU run finds its inputs
+        # evicted from the CPU caches by the staging copies and measured up to 2x slower.
+        for path in sorted(PATHS, key=lambda p: (-len(samples[p]), predicted[p])):
             if len(samples[path]) < EXPLORE_TRIES and not clearly_worse(path):
                 return path, (f"adaptive: exploring {path} at {size} "
                               f"({len(samples[path])} of {EXPLORE_TRIES} tries)")
