@@ -58,6 +58,9 @@ class FunctionStats:
     """Aggregates of one function. Counters are exact under concurrent calls: the fast path
     counts with ``itertools.count`` (atomic in CPython), the slow path under a lock."""
 
+    __slots__ = ("name", "threshold", "below_rule", "fast_cpu_calls", "last", "_lock", "_calls",
+                 "_bytes", "_seconds")
+
     def __init__(self, name: str, threshold: int = 0) -> None:
         self.name = name
         self.threshold = threshold
@@ -180,10 +183,14 @@ class Telemetry:
     def function(self, name: str, threshold: int | None = None) -> FunctionStats:
         """The stats of function ``name``, created on first use; ``threshold``, when given, is
         the one its below-threshold reasons quote."""
-        with self._lock:
-            stats = self._functions.setdefault(name, FunctionStats(name))
-            if threshold is not None:
-                stats.threshold = threshold
+        stats = self._functions.get(name)
+        if stats is None or threshold is not None:
+            with self._lock:
+                stats = self._functions.get(name)
+                if stats is None:
+                    stats = self._functions[name] = FunctionStats(name)
+                if threshold is not None:
+                    stats.threshold = threshold
         return stats
 
     def kernel(self, name: str) -> KernelStats:

@@ -102,7 +102,7 @@ def _geomean(values: list[float]) -> float:
 
 def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
-    repeats = 3 if quick else 5
+    repeats = 7 if quick else 11
     runtime = veda.init(veda.Config.builder().build())
     device_name = runtime.gpu.devices[0].name if runtime.gpu else None
     cupy = None

@@ -9,6 +9,7 @@ the array and every view of it have been garbage-collected.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 import weakref
 from collections import defaultdict
@@ -77,7 +78,7 @@ class PinnedPool:
     def array(self, shape: tuple[int, ...], dtype: np.dtype, order: str = "C") -> np.ndarray | None:
         """An uninitialised ndarray in pinned memory (None past the limit); its block returns to
         the pool when the array and all its views are gone."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         block = self.take(max(nbytes, 1))
         if block is None:
             return None

@@ -102,12 +102,20 @@ class ArgumentFacts:
 
 
 def scan(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type) -> ArgumentFacts:
-    """Collect host arrays (with their bytes) and the devices of device arrays."""
+    """Collect host arrays (with their bytes) and the devices of device arrays, in one pass."""
     facts = ArgumentFacts()
-    for container in (args, kwargs):
-        for array in iter_arrays(container, np.ndarray, CONTAINER_DEPTH + 1):
-            facts.host_arrays.append(array)
-            facts.host_bytes += array.nbytes
-        for array in iter_arrays(container, device_type, CONTAINER_DEPTH + 1):
-            facts.device_ordinals.append(int(array.device.id))
+    _collect(args, device_type, CONTAINER_DEPTH + 1, facts)
+    if kwargs:
+        _collect(kwargs, device_type, CONTAINER_DEPTH + 1, facts)
     return facts
+
+
+def _collect(value: Any, device_type: type, depth: int, facts: ArgumentFacts) -> None:
+    if isinstance(value, np.ndarray):
+        facts.host_arrays.append(value)
+        facts.host_bytes += value.nbytes
+    elif isinstance(value, device_type):
+        facts.device_ordinals.append(int(value.device.id))
+    elif depth > 0 and isinstance(value, _CONTAINERS):
+        for item in _values(value):
+            _collect(item, device_type, depth - 1, facts)
