@@ -8,6 +8,7 @@ Scanning is linear in the number of container elements.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,16 +75,16 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
     (containers without arrays are returned as the same object)."""
     if isinstance(value, array_type):
         return convert(value)
-    if depth <= 0 or not isinstance(value, _CONTAINERS):
+    if depth <= 0 or not isinstance(value, _CONTAINERS) or not value:
         return value
     if type(value) is dict or isinstance(value, dict):
         items = {key: map_arrays(item, array_type, convert, depth - 1)
                  for key, item in value.items()}
-        if all(items[key] is value[key] for key in value):
+        if all(map(operator.is_, items.values(), value.values())):
             return value
         return items if type(value) is dict else type(value)(items)
     converted = [map_arrays(item, array_type, convert, depth - 1) for item in value]
-    if all(new is old for new, old in zip(converted, value)):
+    if all(map(operator.is_, converted, value)):
         return value
     if isinstance(value, list):
         return converted if type(value) is list else type(value)(converted)
