@@ -11,6 +11,7 @@ import pytest
 from fakes import FakeProbe
 
 import vedart as veda
+from vedart.offload import adaptive
 from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
     CLEARLY_WORSE,
@@ -82,6 +83,20 @@ def test_generalises_to_an_unseen_size_from_fits_over_other_sizes() -> None:
     assert model.choose("f", SIG, 64 * MB)[0] == "gpu"
     # cpu was never tried at 64 MB: its fit predicts it clearly worse
     assert model._samples("f", SIG, size_bucket(64 * MB))["cpu"] == []
+
+
+def test_a_bucket_with_samples_of_both_paths_fits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = AdaptiveModel()
+    feed(model, 1 * MB, {"cpu": 0.010, "gpu": 0.008}, calls=10)
+    feed(model, 64 * MB, {"cpu": 0.640, "gpu": 0.100}, calls=10)
+    fitted: list[object] = []
+    real_fit = adaptive._fit
+    monkeypatch.setattr(adaptive, "_fit", lambda points: fitted.append(points) or real_fit(points))
+    model.observe("f", SIG, 1 * MB, "gpu", 0.001)  # a new best drops the cached fits
+    assert model.choose("f", SIG, 1 * MB)[0] == "gpu" and model.cpu_ceiling("f") == 0
+    assert fitted == []
+    assert model.choose("f", SIG, 8 * MB)[0] == "gpu"  # an unseen size is predicted by fits
+    assert len(fitted) == 2
 
 
 def test_sizes_share_a_bucket_per_power_of_two() -> None:

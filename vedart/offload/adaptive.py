@@ -130,41 +130,50 @@ class AdaptiveModel:
         """(path, reason) for a call with ``nbytes`` of host arrays of ``signature``."""
         with self._lock:
             samples = self._samples(key, signature, size_bucket(nbytes))
-            fits = self._fits(key, signature)
+            fits = self._fits_if_needed(key, signature, samples)
         return self._choose(samples, fits, nbytes)
+
+    def _fits_if_needed(self, key: str, signature: str, samples: dict[str, list[list[float]]]
+                        ) -> dict[str, Callable[[int], float] | None] | None:
+        """The fits, or None when both paths have samples in the bucket and no fit is read
+        (fitting costs tens of microseconds; a settled bucket must not pay it)."""
+        return None if samples["cpu"] and samples["gpu"] else self._fits(key, signature)
 
     def cpu_ceiling(self, key: str) -> int:
         """Bytes below which every size this function has been seen at is settled on the CPU
         (explored, and the CPU won): calls below it can skip the model. 0 when none is."""
+        ceiling = 0
         with self._lock:
             buckets = sorted((int(name.rsplit("|", 1)[1]), name.rsplit("|", 1)[0], samples)
                              for name, samples in self._data["functions"].get(key, {}).items()
                              if samples["cpu"] or samples["gpu"])
-            fits = {signature: self._fits(key, signature) for _, signature, _ in buckets}
-        ceiling = 0
-        for bucket, signature, samples in buckets:
-            path, reason = self._choose(samples, fits[signature], 2**bucket)
-            if path != "cpu" or "exploring" in reason:
-                break
-            ceiling = 2 ** (bucket + 1)
+            for bucket, signature, samples in buckets:
+                path, reason = self._choose(
+                    samples, self._fits_if_needed(key, signature, samples), 2**bucket)
+                if path != "cpu" or "exploring" in reason:
+                    break
+                ceiling = 2 ** (bucket + 1)
         return ceiling
 
     def _choose(self, samples: dict[str, list[list[float]]],
-                fits: dict[str, Callable[[int], float] | None], nbytes: int) -> tuple[str, str]:
+                fits: dict[str, Callable[[int], float] | None] | None, nbytes: int
+                ) -> tuple[str, str]:
+        """``fits`` may be None only when both paths have samples (it is not read then)."""
         size = f"~{format_bytes(nbytes)}"
         best = {path: min(samples[path])[0] if samples[path] else None for path in PATHS}
+        fitted = fits or dict.fromkeys(PATHS)
         predicted = {path: best[path] if best[path] is not None
-                     else (fits[path](nbytes) if fits[path] is not None
+                     else (fitted[path](nbytes) if fitted[path] is not None  # type: ignore[misc]
                            else self.calibration.predict(path, nbytes)) for path in PATHS}
 
         def clearly_worse(path: str) -> bool:
             other = "gpu" if path == "cpu" else "cpu"
-            known = best[path] is not None or (fits[path] is not None and fits[other] is not None)
+            known = best[path] is not None or (fitted[path] is not None
+                                               and fitted[other] is not None)
             return known and predicted[path] > CLEARLY_WORSE * predicted[other]
 
-        # A path being explored is finished before the other starts, so each is timed as it
-        # runs once chosen, after itself: a CPU run right after a GPU run finds its inputs
-        # evicted from the CPU caches by the staging copies and measured up to 2x slower.
+        # A path being explored is finished before the other starts, so each is sampled as it
+        # runs once chosen: after itself.
         for path in sorted(PATHS, key=lambda p: (-len(samples[p]), predicted[p])):
             if len(samples[path]) < EXPLORE_TRIES and not clearly_worse(path):
                 return path, (f"adaptive: exploring {path} at {size} "
