@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -120,6 +121,36 @@ def test_concurrent_transfers_from_8_threads(engine: TransferEngine) -> None:
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
+        engine: TransferEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    staging_threads = engine._fill_pool()
+
+    class FailingThirdFill:
+        """The staging threads, except that the third chunk's fill fails."""
+
+        def __init__(self) -> None:
+            self.submitted = 0
+
+        def submit(self, work: Any, *args: Any) -> Future[Any]:
+            self.submitted += 1
+            if self.submitted == 3:
+                failed: Future[Any] = Future()
+                failed.set_exception(RuntimeError("injected staging failure"))
+                return failed
+            return staging_threads.submit(work, *args)
+
+    host = np.random.default_rng(11).standard_normal(3 * MB // 8)  # 12 chunks, 3 buffers
+    before = host.copy()
+    monkeypatch.setattr(engine, "_fill_pool", FailingThirdFill)
+    with pytest.raises(RuntimeError, match="injected staging failure"):
+        engine.to_device(host)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(host, before)
+    for seed in range(3):  # the same ring, reused
+        again = np.random.default_rng(seed).standard_normal(3 * MB // 8)
+        assert engine.to_host(engine.to_device(again)).tobytes() == again.tobytes()
 
 
 def test_pinned_results_stay_under_the_limit_and_fall_back_to_pageable() -> None:
