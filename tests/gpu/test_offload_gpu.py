@@ -285,6 +285,31 @@ def test_telemetry_records_bytes_and_phases() -> None:
     assert all(seconds > 0 for seconds in phases) and sum(phases) <= call_seconds, phases
 
 
+def blend(a, b=None, /, *rest, weight=0.25, scale=None, **named):  # type: ignore[no-untyped-def]
+    """Arrays in every kind of parameter: positional-only, *args, keyword-only, **kwargs."""
+    total = a * (1 - weight) + (a if b is None else b) * weight
+    for extra in (*rest, *named.values()):
+        total = total + extra
+    return total if scale is None else total * scale
+
+
+def test_every_kind_of_parameter_reaches_the_gpu_and_matches_the_cpu() -> None:
+    veda.init(veda.Config.builder().build())
+    wrapped = veda.gpu(blend)
+    rng = np.random.default_rng()
+    arrays = [rng.random(300_000) for _ in range(5)]
+    calls = [((arrays[0],), {}),
+             ((arrays[0], arrays[1], arrays[2]), {"weight": 0.5}),
+             ((arrays[0], arrays[1]), {"scale": arrays[3], "extra": arrays[4]})]
+    for args, kwargs in calls:
+        result = wrapped(*args, **kwargs)
+        assert last(wrapped)[0] == "gpu", last(wrapped)
+        assert_same(result, blend(*args, **kwargs))
+    small = rng.random(10)
+    assert_same(wrapped(small, weight=0.1), blend(small, weight=0.1))
+    assert last(wrapped) == ("cpu", "below threshold: 80 B < 1.0 MB")
+
+
 # --- property: GPU path == CPU path -----------------------------------------------------------
 
 EXPRESSIONS = {
