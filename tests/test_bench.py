@@ -11,6 +11,7 @@ import pytest
 import vedart as veda
 from vedart import calibrate
 from vedart.bench import ops, overhead
+from vedart.bench.harness import interleaved_medians
 from vedart.cli import main
 
 
@@ -76,3 +77,16 @@ def test_export_json_schema(tmp_path: Path) -> None:
     assert set(data["functions"][0]) == {
         "function", "calls", "cpu_calls", "gpu_calls", "fallback_calls", "mean_seconds_gpu",
         "bytes_to_device", "bytes_to_host", "transfer_gb_per_s", "last_path", "last_reason"}
+
+
+def test_interleaved_medians_rotate_the_order_each_round() -> None:
+    calls: list[str] = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in ("cpu", "gpu", "cupy")}
+    synced: list[str] = []
+    medians = interleaved_medians(runs, repeats=4, warmup={"gpu": 2},
+                                  synchronize={"cupy": lambda: synced.append("cupy")})
+    assert calls[:4] == ["cpu", "gpu", "gpu", "cupy"]  # warm-up: 1 each unless told
+    assert calls[4:] == ["cpu", "gpu", "cupy", "gpu", "cupy", "cpu", "cupy", "cpu", "gpu",
+                         "cpu", "gpu", "cupy"]
+    assert len(synced) == 1 + 4 and set(medians) == {"cpu", "gpu", "cupy"}
+    assert all(seconds >= 0 for seconds in medians.values())

@@ -38,8 +38,11 @@ def interleaved_medians(runs: dict[str, Callable[[], Any]], *, repeats: int,
                         synchronize: dict[str, Callable[[], None]] | None = None
                         ) -> dict[str, float]:
     """Median wall-clock seconds of each of ``runs``, timed in turn (one sample of each per
-    round, ``repeats`` rounds) so a slow spell of the machine affects all of them alike;
-    ``warmup[name]`` untimed runs first (default 1), ``synchronize[name]`` inside its spans."""
+    round, ``repeats`` rounds) so a slow spell of the machine affects all of them alike; each
+    round starts one place further along, so each run follows each other run equally often (on
+    the H100 the first GPU call after a millisecond of CPU work took 1.2-1.5x its usual time,
+    whoever made it). ``warmup[name]`` untimed runs first (default 1), ``synchronize[name]``
+    inside its spans."""
     warmup, synchronize = warmup or {}, synchronize or {}
     for name, run in runs.items():
         for _ in range(warmup.get(name, 1)):
@@ -47,10 +50,12 @@ def interleaved_medians(runs: dict[str, Callable[[], Any]], *, repeats: int,
         if name in synchronize:
             synchronize[name]()
     samples: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
+    names = list(runs)
+    for round_ in range(repeats):
+        start = round_ % len(names)
+        for name in names[start:] + names[:start]:
             started = time.perf_counter()
-            run()
+            runs[name]()
             if name in synchronize:
                 synchronize[name]()
             samples[name].append(time.perf_counter() - started)
