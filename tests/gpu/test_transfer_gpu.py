@@ -22,11 +22,10 @@ DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"
 
 @pytest.fixture()
 def engine() -> Any:
-    # Small chunks and low cutoffs so modest arrays exercise both staged paths: filled by the
-    # caller (below 1 MiB) and by the staging threads (from 1 MiB), over several ring turns.
-    engine = TransferEngine(2 * 2**30, Tuning(direct_below=64 * 1024, chunk_bytes=256 * 1024,
-                                              min_chunk_bytes=64 * 1024, pool_from=MB,
-                                              buffers=3, threads=4))
+    # Small chunks and a low cutoff so modest arrays go through the staging ring (from 1 MiB)
+    # over several ring turns, and smaller ones direct.
+    engine = TransferEngine(2 * 2**30, Tuning(chunk_bytes=256 * 1024, min_chunk_bytes=64 * 1024,
+                                              pool_from=MB, buffers=3, threads=4))
     yield engine
     engine.close()
 
@@ -34,7 +33,7 @@ def engine() -> Any:
 @pytest.fixture()
 def staging_engine() -> Any:
     # Stages ahead every array from 64 KiB up to 64 MiB (what par_iter's lanes use).
-    engine = TransferEngine(2 * 2**30, Tuning(direct_below=64 * 1024, pool_from=64 * MB))
+    engine = TransferEngine(2 * 2**30, Tuning(stage_from=64 * 1024, pool_from=64 * MB))
     yield engine
     engine.close()
 
@@ -156,7 +155,7 @@ def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
 def test_pinned_results_stay_under_the_limit_and_fall_back_to_pageable() -> None:
     import cupy
 
-    engine = TransferEngine(8 * MB, Tuning(direct_below=64 * 1024, chunk_bytes=MB, buffers=2))
+    engine = TransferEngine(8 * MB, Tuning(chunk_bytes=MB, buffers=2))
     device = cupy.asarray(np.arange(3 * MB // 8, dtype=np.float64))
     held = [engine.to_host(device) for _ in range(5)]  # 3 MiB each: only one fits beside the ring
     assert all(np.array_equal(h, held[0]) for h in held)
