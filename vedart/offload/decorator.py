@@ -2,8 +2,8 @@
 results, and fall back to the CPU when the GPU fails.
 
 The path of one call:
-1. Fast path (call_wrapper.py), no NVML query, no logging: GPU disabled or absent, or host-array bytes below the
-   threshold with no device array -> call the function as written.
+1. Fast path (call_wrapper.py), no NVML query, no logging: GPU disabled or absent, or
+   host-array bytes below the threshold with no device array -> call the function as written.
 2. Otherwise scan the arguments, ask the static cost model for a Decision (with a reason).
 3. GPU: inside ``cupy.cuda.Device(d)`` copy host arrays to the device, run the substituted
    clone, synchronise, copy results (and ``writes=`` arguments) back, record telemetry.
