@@ -12,6 +12,7 @@ import vedart as veda
 from vedart import calibrate
 from vedart.bench import ops, overhead
 from vedart.bench.harness import interleaved_medians
+from vedart.bench.transfer import _targets_met
 from vedart.cli import main
 
 
@@ -90,3 +91,13 @@ def test_interleaved_medians_rotate_the_order_each_round() -> None:
                          "cpu", "gpu", "cupy"]
     assert len(synced) == 1 + 4 and set(medians) == {"cpu", "gpu", "cupy"}
     assert all(seconds >= 0 for seconds in medians.values())
+
+
+def test_transfer_targets_treat_the_baseline_call_itself_as_met() -> None:
+    small = {"size_mb": 4, "h2d_x_baseline": 0.97, "d2h_x_baseline": 3.5}
+    assert _targets_met({**small, "h2d_same_call_as_baseline": True})
+    assert not _targets_met({**small, "h2d_same_call_as_baseline": False})
+    assert not _targets_met({**small, "h2d_same_call_as_baseline": True, "d2h_x_baseline": 0.9})
+    large = {"size_mb": 64, "h2d_same_call_as_baseline": False, "h2d_x_baseline": 3.2,
+             "h2d_of_peak": 0.45, "d2h_x_baseline": 15.0, "d2h_of_peak": 0.97}
+    assert not _targets_met(large) and _targets_met({**large, "h2d_of_peak": 0.6})
