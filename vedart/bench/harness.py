@@ -19,18 +19,9 @@ def median_seconds(run: Callable[[], Any], *, repeats: int, warmup: int = 1,
                    synchronize: Callable[[], None] | None = None) -> float:
     """Median wall-clock seconds of ``run()`` over ``repeats`` timed runs after ``warmup``
     untimed ones; ``synchronize`` (e.g. a device sync) runs inside each timed span."""
-    for _ in range(warmup):
-        run()
-    if synchronize is not None:
-        synchronize()
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        if synchronize is not None:
-            synchronize()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
+    return interleaved_medians({"run": run}, repeats=repeats, warmup={"run": warmup},
+                               synchronize=None if synchronize is None
+                               else {"run": synchronize})["run"]
 
 
 def interleaved_medians(runs: dict[str, Callable[[], Any]], *, repeats: int,

@@ -4,8 +4,9 @@ adaptive (after warm-up), and the oracle (the faster of CPU and CuPy) with each 
 
 Each model is timed in its own phase (a runtime with that cost model), in turn with NumPy and
 hand-written CuPy on the same input, one sample of each per round, the order rotating from
-round to round; its regret is against the oracle of its own phase. Timing the baselines once, in an earlier phase, made the CPU look up to
-40x faster than it was when the adaptive phase ran (docs/performance.md).
+round to round; its regret is against the oracle of its own phase. Timing the baselines once,
+in an earlier phase, made the CPU look up to 40x faster than it was when the adaptive phase
+ran (docs/performance.md).
 
 Target (issue: adaptive cost model), on the lent GPU: adaptive geometric-mean regret <= 1.05 and
 worst case <= 1.5, the static rule's figures from the same run beside it.

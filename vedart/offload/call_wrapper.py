@@ -155,7 +155,7 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
                                             kwargs=var_kwargs or "_vd_empty"))
     source = _TEMPLATE.format(
         parameters=str(inspect.Signature(rendered))[1:-1],
-        count="\n".join(count) or "            pass",
+        count="\n".join(count),
         forward=", ".join(forward),
         positional=f"({', '.join(positional)},)" if positional else "()",
         keywords="{" + ", ".join(keywords) + "}")
