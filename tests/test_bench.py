@@ -4,6 +4,7 @@ outputs have the documented shape."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 import vedart as veda
 from vedart import calibrate
 from vedart.bench import ops, overhead
-from vedart.bench.harness import interleaved_medians
+from vedart.bench.harness import interleaved_medians, round_orders
 from vedart.bench.transfer import _targets_met
 from vedart.cli import main
 
@@ -80,15 +81,27 @@ def test_export_json_schema(tmp_path: Path) -> None:
         "bytes_to_device", "bytes_to_host", "transfer_gb_per_s", "last_path", "last_reason"}
 
 
-def test_interleaved_medians_rotate_the_order_each_round() -> None:
+def test_round_orders_let_each_run_follow_each_other_equally_often() -> None:
+    names = ["cpu", "gpu", "cupy"]
+    orders = round_orders(names, 12)
+    assert all(sorted(order) == sorted(names) for order in orders)
+    assert len({tuple(order) for order in orders[:6]}) == 6  # every permutation once
+    assert orders[6:] == orders[:6]
+    follows = Counter(pair for order in orders for pair in zip(order, order[1:]))
+    assert set(follows.values()) == {4} and len(follows) == 6  # each ordered pair, alike
+    # Across round boundaries a name only follows itself.
+    assert all(before[-1] == after[0] for before, after in zip(orders, orders[1:]))
+    assert round_orders(["a", "b"], 3) == [["a", "b"], ["b", "a"], ["a", "b"]]
+
+
+def test_interleaved_medians_time_each_run_once_per_round_in_those_orders() -> None:
     calls: list[str] = []
     runs = {name: (lambda name=name: calls.append(name)) for name in ("cpu", "gpu", "cupy")}
     synced: list[str] = []
     medians = interleaved_medians(runs, repeats=4, warmup={"gpu": 2},
                                   synchronize={"cupy": lambda: synced.append("cupy")})
     assert calls[:4] == ["cpu", "gpu", "gpu", "cupy"]  # warm-up: 1 each unless told
-    assert calls[4:] == ["cpu", "gpu", "cupy", "gpu", "cupy", "cpu", "cupy", "cpu", "gpu",
-                         "cpu", "gpu", "cupy"]
+    assert calls[4:] == [name for order in round_orders(list(runs), 4) for name in order]
     assert len(synced) == 1 + 4 and set(medians) == {"cpu", "gpu", "cupy"}
     assert all(seconds >= 0 for seconds in medians.values())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -24,13 +25,33 @@ def median_seconds(run: Callable[[], Any], *, repeats: int, warmup: int = 1,
                                else {"run": synchronize})["run"]
 
 
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The order of ``names`` in each of ``rounds`` rounds: every permutation in turn, each
+    round starting with the name the previous one ended with where an unused permutation
+    allows. Within every ``len(names)!`` rounds each name then directly follows each other
+    name equally often, and round boundaries only repeat a name. (Rotating one order keeps
+    each name's successor fixed: with three runs, one always came right after the same other.)
+    """
+    permutations = [list(order) for order in itertools.permutations(names)]
+    unused: list[list[str]] = []
+    orders: list[list[str]] = []
+    for _ in range(rounds):
+        if not unused:
+            unused = list(permutations)
+        after = [order for order in unused if orders and order[0] == orders[-1][-1]]
+        order = (after or unused)[0]
+        unused.remove(order)
+        orders.append(order)
+    return orders
+
+
 def interleaved_medians(runs: dict[str, Callable[[], Any]], *, repeats: int,
                         warmup: dict[str, int] | None = None,
                         synchronize: dict[str, Callable[[], None]] | None = None
                         ) -> dict[str, float]:
     """Median wall-clock seconds of each of ``runs``, timed in turn (one sample of each per
-    round, ``repeats`` rounds) so a slow spell of the machine affects all of them alike; each
-    round starts one place further along, so each run follows each other run equally often (on
+    round, ``repeats`` rounds) so a slow spell of the machine affects all of them alike, in
+    the orders of :func:`round_orders`, so each run follows each other run equally often (on
     the H100 the first GPU call after a millisecond of CPU work took 1.2-1.5x its usual time,
     whoever made it). ``warmup[name]`` untimed runs first (default 1), ``synchronize[name]``
     inside its spans."""
@@ -41,10 +62,8 @@ def interleaved_medians(runs: dict[str, Callable[[], Any]], *, repeats: int,
         if name in synchronize:
             synchronize[name]()
     samples: dict[str, list[float]] = {name: [] for name in runs}
-    names = list(runs)
-    for round_ in range(repeats):
-        start = round_ % len(names)
-        for name in names[start:] + names[:start]:
+    for order in round_orders(list(runs), repeats):
+        for name in order:
             started = time.perf_counter()
             runs[name]()
             if name in synchronize:

@@ -3,10 +3,11 @@ adaptive (after warm-up), and the oracle (the faster of CPU and CuPy) with each 
 (its time / the oracle's) and their geometric means.
 
 Each model is timed in its own phase (a runtime with that cost model), in turn with NumPy and
-hand-written CuPy on the same input, one sample of each per round, the order rotating from
-round to round; its regret is against the oracle of its own phase. Timing the baselines once,
-in an earlier phase, made the CPU look up to 40x faster than it was when the adaptive phase
-ran (docs/performance.md).
+hand-written CuPy on the same input, one sample of each per round, the rounds going through
+every order of the three (``harness.round_orders``) so neither GPU run follows the CPU run
+more often than the other; its regret is against the oracle of its own phase. Timing the
+baselines once, in an earlier phase, made the CPU look up to 40x faster than it was when the
+adaptive phase ran (docs/performance.md).
 
 Target (issue: adaptive cost model), on the lent GPU: adaptive geometric-mean regret <= 1.05 and
 worst case <= 1.5, the static rule's figures from the same run beside it.
@@ -103,7 +104,7 @@ def _geomean(values: list[float]) -> float:
 
 def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
-    repeats = 7 if quick else 11
+    repeats = 6 if quick else 12  # whole cycles of the 3! round orders
     runtime = veda.init(veda.Config.builder().build())
     device_name = runtime.gpu.devices[0].name if runtime.gpu else None
     cupy = None
