@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -179,6 +180,20 @@ def test_runtime_uses_the_adaptive_model_above_its_floor(tmp_path: Path) -> None
     assert above.model == "adaptive" and above.reason.startswith("adaptive: exploring")
     with veda.force("gpu"):
         assert f.explain(np.ones(ADAPTIVE_FLOOR // 8)).model == "static"
+
+
+def test_the_default_configuration_learns_into_the_user_cache_profile() -> None:
+    runtime = veda.init(device_probe=FakeProbe())  # no cost_model or profile_path given
+    assert runtime.config.cost_model == "adaptive" and runtime.cost_model is not None
+    f = veda.gpu(lambda x: x)
+    assert f.explain(np.ones(3)).reason == "below threshold: 24 B < 65.5 KB"
+    decision = f.explain(np.ones(10**6))
+    assert decision.model == "adaptive" and decision.reason.startswith("adaptive: exploring")
+    runtime.cost_model.observe("f", SIG, MB, "cpu", 1e-3)
+    veda.shutdown()  # saves the profile
+    [profile] = (Path(os.environ["XDG_CACHE_HOME"]) / "vedart").glob("profile-Fake-GPU-0-*.json")
+    assert json.loads(profile.read_text())["functions"]["f"][f"{SIG}|{size_bucket(MB)}"]["cpu"] \
+        == [[1e-3, MB]]
 
 
 def test_explicit_threshold_is_kept_under_the_adaptive_model(tmp_path: Path) -> None:

@@ -23,12 +23,19 @@ def last_decision(wrapped: Any) -> tuple[str, str]:
     return decision
 
 
+def static_runtime(**probe_options: Any) -> veda.Runtime:
+    """A runtime with the static rule on faked devices: what reaches the decision shows in its
+    reasons."""
+    return veda.init(veda.Config.builder().cost_model("static").build(),
+                     device_probe=FakeProbe(**probe_options))
+
+
 def every_kind(a, /, b, *rest, c, d=None, **extra):  # type: ignore[no-untyped-def]
     return a, b, rest, c, d, extra
 
 
 def test_fast_path_counts_arrays_in_every_kind_of_parameter() -> None:
-    veda.init(device_probe=FakeProbe())
+    static_runtime()
     wrapped = veda.gpu(every_kind)
     arrays = [rng.random(n) for n in (3, 5, 7, 11, 13, 17, 19)]
     args = (arrays[0], arrays[1], arrays[2], [arrays[3]])
@@ -43,7 +50,7 @@ def test_fast_path_counts_arrays_in_every_kind_of_parameter() -> None:
 
 
 def test_an_array_past_the_cutoff_in_any_parameter_reaches_the_decision() -> None:
-    veda.init(device_probe=FakeProbe(free=0))
+    static_runtime(free=0)
     wrapped = veda.gpu(threshold=1000)(every_kind)
     small, large = rng.random(2), rng.random(200)
     for args, kwargs in [((large, small), {"c": small}),
@@ -91,7 +98,7 @@ def test_a_bad_call_raises_what_the_function_raises(call: Any) -> None:
 
 
 def test_parameters_named_like_builtins_or_the_template_own_names() -> None:
-    veda.init(device_probe=FakeProbe())
+    static_runtime()
 
     def builtins_named(type, next, len=3):  # type: ignore[no-untyped-def]
         return type + next + len
@@ -118,7 +125,7 @@ def test_other_callables_take_the_variadic_wrapper_with_the_same_rules() -> None
     for callable_, expected in [(Scale(), x * 3.0),
                                 (functools.partial(np.multiply, 3.0), x * 3.0),
                                 (signed, -x)]:
-        runtime = veda.init(device_probe=FakeProbe())
+        runtime = static_runtime()
         wrapped = veda.gpu(callable_)
         args = (x, 3.0) if isinstance(callable_, Scale) else (x,)
         np.testing.assert_array_equal(wrapped(*args), expected)

@@ -75,7 +75,8 @@ def test_console_script_entry_point_is_declared() -> None:
 def test_demo_checks_every_pattern_and_says_where_it_ran() -> None:
     result = run_cli("demo", env={"VEDART_GPU": "0"})
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith("GPU: none usable: GPU disabled by config")
+    assert result.stdout.startswith("GPU: none usable: GPU disabled by config\n"
+                                    "cost model: adaptive (learns into ")
     assert result.stdout.count("[ok]") == 4 and "[FAILED]" not in result.stdout
     assert result.stdout.count("last reason: GPU disabled by config") == 2
     assert 'last reason: forced by @gpu(force="gpu") but GPU disabled by config' in result.stdout

@@ -16,7 +16,7 @@ def test_defaults_are_documented_values() -> None:
     assert config.memory_headroom == 2.0
     assert config.devices is None
     assert config.fallback == "cpu"
-    assert config.cost_model == "static"
+    assert config.cost_model == "adaptive"
     assert config.threads >= 1
     assert config.pinned_memory_limit > 0
     assert set(config.sources.values()) == {"default"}

@@ -34,8 +34,9 @@ def big(nbytes: int, dtype: Any = np.float64) -> np.ndarray:
 
 
 def fake_gpu(**probe_options: Any) -> FakeProbe:
+    """A runtime with the static rule (the decisions these tests check) on faked devices."""
     probe = FakeProbe(**probe_options)
-    veda.init(veda.Config.builder().build(), device_probe=probe)
+    veda.init(veda.Config.builder().cost_model("static").build(), device_probe=probe)
     return probe
 
 

@@ -45,7 +45,7 @@ class Config:
       memory_headroom [2.0]: a GPU needs this many times the input bytes free.
       devices [None = all visible]: CUDA ordinals the runtime may use.
       fallback ["cpu"]: on a GPU failure re-run on the CPU ("cpu") or raise ("raise").
-      cost_model ["static"]: "static" (threshold + headroom) or "adaptive" (learned timings).
+      cost_model ["adaptive"]: "adaptive" (learned timings) or "static" (threshold + headroom).
       telemetry [True]: record per-call decisions and timings.
       profiling [False]: time device work with CUDA events (costs synchronisation).
       gpu_memory_fraction [1.0]: share of each device's memory the pool may take, 0 < f <= 1.
@@ -66,7 +66,7 @@ class Config:
     memory_headroom: float = 2.0
     devices: tuple[int, ...] | None = None
     fallback: str = "cpu"
-    cost_model: str = "static"
+    cost_model: str = "adaptive"
     telemetry: bool = True
     profiling: bool = False
     gpu_memory_fraction: float = 1.0

@@ -78,6 +78,10 @@ def run(out: Callable[[str], None] = print, seed: int | None = None) -> bool:
     else:
         out("GPU: none usable: " + ("GPU disabled by config" if gpu is None
                                     else str(gpu.unavailable_reason)))
+    model = runtime.cost_model
+    out(f"cost model: {runtime.config.cost_model}"
+        + ("" if model is None or model.profile_path is None
+           else f" (learns into {model.profile_path})"))
     rng = np.random.default_rng(seed)
     checks = _Checks(out)
 

@@ -7,8 +7,9 @@ import vedart as veda
 
 @pytest.fixture(autouse=True)
 def gpu_runtime() -> veda.Runtime:
-    """Every GPU test starts with a default runtime whose GPU is usable (tests that need
-    another configuration call ``veda.init`` themselves)."""
-    runtime = veda.init(veda.Config.builder().gpu(True).build())
+    """Every GPU test starts with a runtime whose GPU is usable, under the static rule so the
+    test knows where each call runs (the adaptive default has test_adaptive_gpu.py; tests that
+    need another configuration call ``veda.init`` themselves)."""
+    runtime = veda.init(veda.Config.builder().gpu(True).cost_model("static").build())
     assert runtime.gpu, runtime.gpu and runtime.gpu.unavailable_reason
     return runtime

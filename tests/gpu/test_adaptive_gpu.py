@@ -1,9 +1,8 @@
-"""The adaptive cost model on the real GPU: after warm-up it settles on the path that is
-measurably faster for a float64 sum and for a large FFT (``pytest -m gpu``)."""
+"""The adaptive cost model, the default, on the real GPU: after warm-up it settles on the path
+that is measurably faster for a float64 sum and for a large FFT (``pytest -m gpu``). The
+profile file is the default one, under the test's own cache directory (tests/conftest.py)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,9 +16,8 @@ WARMUP = 2 * EXPLORE_TRIES + 2
 
 
 @pytest.fixture()
-def adaptive_runtime(tmp_path: Path) -> veda.Runtime:
-    runtime = veda.init(veda.Config.builder().cost_model("adaptive")
-                        .profile_path(str(tmp_path / "profile.json")).build())
+def adaptive_runtime() -> veda.Runtime:
+    runtime = veda.init(veda.Config.builder().build())  # the default configuration
     assert runtime.gpu and runtime.cost_model is not None
     return runtime
 
@@ -54,9 +52,8 @@ def test_settles_on_the_measurably_faster_path(adaptive_runtime: veda.Runtime, c
     np.testing.assert_allclose(func(x), func.__wrapped__(x), rtol=1e-3, atol=1e-1)
 
 
-def test_profile_survives_a_new_runtime(tmp_path: Path) -> None:
-    config = veda.Config.builder().cost_model("adaptive").profile_path(
-        str(tmp_path / "p.json")).build()
+def test_profile_survives_a_new_runtime() -> None:
+    config = veda.Config.builder().build()
     veda.init(config)
     spectrum = veda.gpu(lambda x: np.fft.fft(x))
     x = np.random.default_rng().random(16 * 2**20).astype(np.float32)

@@ -294,7 +294,7 @@ def blend(a, b=None, /, *rest, weight=0.25, scale=None, **named):  # type: ignor
 
 
 def test_every_kind_of_parameter_reaches_the_gpu_and_matches_the_cpu() -> None:
-    veda.init(veda.Config.builder().build())
+    veda.init(veda.Config.builder().cost_model("static").build())
     wrapped = veda.gpu(blend)
     rng = np.random.default_rng()
     arrays = [rng.random(300_000) for _ in range(5)]

@@ -128,7 +128,7 @@ def test_lane_items_fall_back_raise_and_release_their_staging(
 def test_two_gpus_both_take_items(gpu_runtime: veda.Runtime) -> None:
     if len(gpu_runtime.gpu.devices) < 2:
         pytest.skip(f"needs 2 GPUs; this machine has {len(gpu_runtime.gpu.devices)}")
-    runtime = veda.init(veda.Config.builder().devices([0, 1]).build())
+    runtime = veda.init(veda.Config.builder().devices([0, 1]).cost_model("static").build())
     mats = matrices(64, seed=3)
     assert_same(par_iter(mats).gpu_map(process).collect(), [process(M) for M in mats])
     counts = placements(runtime)

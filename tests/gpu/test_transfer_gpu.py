@@ -166,7 +166,7 @@ def test_pinned_results_stay_under_the_limit_and_fall_back_to_pageable() -> None
 def test_no_leak_after_1000_offloaded_calls() -> None:
     import cupy
 
-    runtime = veda.init(veda.Config.builder().pinned_memory_limit("1GB").build())
+    runtime = veda.init(veda.Config.builder().pinned_memory_limit("1GB").cost_model("static").build())
     assert runtime.gpu
     f = veda.gpu(lambda x: x * 2 + 1)
     x = np.random.default_rng().random(1_000_000)  # 8 MB: staged in, pinned out
@@ -187,7 +187,8 @@ def test_no_leak_after_1000_offloaded_calls() -> None:
 
 
 def test_gpu_memory_fraction_out_of_memory_falls_back_to_cpu() -> None:
-    runtime = veda.init(veda.Config.builder().gpu_memory_fraction(0.01).build())
+    runtime = veda.init(veda.Config.builder().gpu_memory_fraction(0.01).cost_model("static")
+                       .build())
     assert runtime.gpu
     limit_bytes = 0.01 * runtime.gpu.devices[0].total_memory
     x = np.random.default_rng().random(int(limit_bytes * 0.4) // 8)  # fits; x*x*x temps do not

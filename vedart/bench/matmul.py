@@ -23,7 +23,7 @@ def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def run(quick: bool) -> dict[str, Any]:
     # Pageable transfers dominate and vary by +-10% between runs, hence many interleaved samples.
     size, repeats = (5000, 15) if quick else (5000, 31)
-    runtime = veda.init(veda.Config.builder().build())
+    runtime = veda.init(veda.Config.builder().cost_model("static").build())  # always the GPU
     rng = np.random.default_rng(42)
     a, b = rng.random((size, size)), rng.random((size, size))
     result: dict[str, Any] = {"suite": "matmul", "shape": [size, size], "dtype": "float64",

@@ -105,7 +105,7 @@ def _geomean(values: list[float]) -> float:
 def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     repeats = 6 if quick else 12  # whole cycles of the 3! round orders
-    runtime = veda.init(veda.Config.builder().build())
+    runtime = veda.init(veda.Config.builder().cost_model("static").build())
     device_name = runtime.gpu.devices[0].name if runtime.gpu else None
     cupy = None
     if runtime.gpu:

@@ -110,7 +110,7 @@ def _sweep(cupy: Any, runtime_limit: int) -> list[dict[str, Any]]:
 
 
 def run(quick: bool, sweep: bool = False) -> dict[str, Any]:
-    runtime = veda.init(veda.Config.builder().build())
+    runtime = veda.init(veda.Config.builder().cost_model("static").build())  # always the GPU
     result: dict[str, Any] = {"suite": "transfer", "sizes_mb": list(SIZES_MB)}
     if not runtime.gpu:
         result.update(device_name=None, note="no GPU: GPU columns n/a")

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -125,6 +126,11 @@ class AdaptiveModel:
         fits = {path: _fit(points) for path, points in best.items()}
         self._fit_cache[key, signature] = fits
         return fits
+
+    @property
+    def profile_path(self) -> Path | None:
+        """The profile file this model loads and saves, or None without one."""
+        return None if self._profile is None else self._profile.path
 
     def choose(self, key: str, signature: str, nbytes: int) -> tuple[str, str]:
         """(path, reason) for a call with ``nbytes`` of host arrays of ``signature``."""
