@@ -17,6 +17,7 @@ from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
     CLEARLY_WORSE,
     EXPLORE_TRIES,
+    SAMPLES_KEPT,
     AdaptiveModel,
     Calibration,
     function_key,
@@ -71,6 +72,23 @@ def test_reason_strings() -> None:
     feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=6)
     assert model.choose("f", SIG, 16 * MB) == (
         "gpu", "adaptive: gpu 3.1 ms vs cpu 9.8 ms at ~16.0 MB (6 samples)")
+
+
+def test_a_bucket_with_both_paths_reuses_its_choice_until_its_samples_change_it() -> None:
+    model = AdaptiveModel()
+    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=6)
+    first = model.choose("f", SIG, 16 * MB)
+    assert model.choose("f", SIG, 10 * MB) is first  # the same bucket: no new choice
+    model.observe("f", SIG, 16 * MB, "gpu", 0.0035)  # a count in the reason changes
+    assert model.choose("f", SIG, 16 * MB)[1].endswith("(7 samples)")
+    for _ in range(SAMPLES_KEPT):
+        model.observe("f", SIG, 16 * MB, "gpu", 0.0040)  # window full of slower samples
+    settled = model.choose("f", SIG, 16 * MB)
+    model.observe("f", SIG, 16 * MB, "gpu", 0.0045)  # neither count nor best changes
+    assert model.choose("f", SIG, 16 * MB) is settled
+    model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a new cpu best: the cpu is tried again
+    assert model.choose("f", SIG, 16 * MB) == (
+        "cpu", f"adaptive: exploring cpu at ~16.0 MB (2 of {EXPLORE_TRIES} tries)")
 
 
 def test_generalises_to_an_unseen_size_from_fits_over_other_sizes() -> None:

@@ -272,12 +272,11 @@ class _Offload:
             self._clone = device_clone(self.func, _device_mapper())
         return self._clone
 
-    def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any], *,
-               timed_upload: bool) -> _Launch:
+    def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Launch:
         """Move the host inputs (arrays or Staged copies) to ``device`` and run the substituted
-        clone there, on the current stream, without waiting for the device. With
-        ``timed_upload`` the stream is synchronised between the two, so the upload is timed
-        on its own."""
+        clone there, on the current stream, without waiting for the device: the tail of an
+        upload overlaps the clone's own Python work (waiting for it measured 30-100 us per call
+        on the H100), so ``moved_in`` marks when the host had handed the inputs over."""
         import cupy
 
         device_function = self._device_function()
@@ -286,8 +285,6 @@ class _Offload:
             started = time.perf_counter()
             device_args = map_arrays(args, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
             device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
-            if timed_upload:
-                stream.synchronize()
             moved_in = time.perf_counter()
             result = device_function(*device_args, **device_kwargs)
         return _Launch(device, stream, device_args, device_kwargs, result, started, moved_in)
@@ -402,7 +399,7 @@ class PlannedCall:
             self._offload.learn(self._runtime, decision, self.facts,
                                  time.perf_counter() - started)
             return result
-        self.launch(timed_upload=True)
+        self.launch()
         return self.land()
 
     def stages(self, engine: TransferEngine) -> bool:
@@ -422,15 +419,14 @@ class PlannedCall:
             self._failure = error
         self._own_seconds += time.perf_counter() - started
 
-    def launch(self, *, timed_upload: bool = False) -> None:
+    def launch(self) -> None:
         """Upload and enqueue the device work on the current stream (see the class doc)."""
         assert self._inputs is not None and self.decision.device is not None
         if self._failure is not None:
             return
         started = time.perf_counter()
         try:
-            self._launch = self._offload.launch(self.decision.device, *self._inputs,
-                                                timed_upload=timed_upload)
+            self._launch = self._offload.launch(self.decision.device, *self._inputs)
         except Exception as error:
             self._failure = error
         self._own_seconds += time.perf_counter() - started
