@@ -140,16 +140,21 @@ class AdaptiveModel:
         """(path, reason) for a call with ``nbytes`` of host arrays of ``signature``. Calls of
         a bucket with samples of both paths share one choice (and its reason, which names the
         size of the call that made it) until the bucket's samples change it."""
-        bucket = size_bucket(nbytes)
         with self._lock:
-            cached = self._choices.get((key, signature, bucket))
-            if cached is not None:
-                return cached
-            samples = self._samples(key, signature, bucket)
-            fits = self._fits_if_needed(key, signature, samples)
-            choice = self._choose(samples, fits, nbytes)
-            if fits is None:
-                self._choices[key, signature, bucket] = choice
+            return self._bucket_choice(key, signature, size_bucket(nbytes), nbytes)
+
+    def _bucket_choice(self, key: str, signature: str, bucket: int, nbytes: int
+                       ) -> tuple[str, str]:
+        """The choice for ``bucket`` at ``nbytes``, reused while cached (see :meth:`choose`);
+        the caller holds the lock."""
+        cached = self._choices.get((key, signature, bucket))
+        if cached is not None:
+            return cached
+        samples = self._samples(key, signature, bucket)
+        fits = self._fits_if_needed(key, signature, samples)
+        choice = self._choose(samples, fits, nbytes)
+        if fits is None:
+            self._choices[key, signature, bucket] = choice
         return choice
 
     def _fits_if_needed(self, key: str, signature: str, samples: dict[str, list[list[float]]]
@@ -163,12 +168,11 @@ class AdaptiveModel:
         (explored, and the CPU won): calls below it can skip the model. 0 when none is."""
         ceiling = 0
         with self._lock:
-            buckets = sorted((int(name.rsplit("|", 1)[1]), name.rsplit("|", 1)[0], samples)
+            buckets = sorted((int(name.rsplit("|", 1)[1]), name.rsplit("|", 1)[0])
                              for name, samples in self._data["functions"].get(key, {}).items()
                              if samples["cpu"] or samples["gpu"])
-            for bucket, signature, samples in buckets:
-                path, reason = self._choose(
-                    samples, self._fits_if_needed(key, signature, samples), 2**bucket)
+            for bucket, signature in buckets:
+                path, reason = self._bucket_choice(key, signature, bucket, 2**bucket)
                 if path != "cpu" or "exploring" in reason:
                     break
                 ceiling = 2 ** (bucket + 1)
