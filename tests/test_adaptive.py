@@ -17,6 +17,7 @@ from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
     CLEARLY_WORSE,
     EXPLORE_TRIES,
+    REVISIT_FIRST,
     SAMPLES_KEPT,
     AdaptiveModel,
     Calibration,
@@ -89,6 +90,30 @@ def test_a_bucket_with_both_paths_reuses_its_choice_until_its_samples_change_it(
     model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a new cpu best: the cpu is tried again
     assert model.choose("f", SIG, 16 * MB) == (
         "cpu", f"adaptive: exploring cpu at ~16.0 MB (2 of {EXPLORE_TRIES} tries)")
+
+
+def test_a_settled_bucket_rechecks_its_other_path_at_doubling_intervals() -> None:
+    model = AdaptiveModel()
+    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2 * EXPLORE_TRIES)
+    assert "samples)" in model.choose("f", SIG, 16 * MB)[1]  # settled: the first counted call
+    choices = [model.choose("f", SIG, 16 * MB) for _ in range(REVISIT_FIRST * 7)]
+    rechecks = [index for index, (path, _) in enumerate(choices) if path == "cpu"]
+    assert len(rechecks) == 3 and rechecks[0] < REVISIT_FIRST
+    assert [b - a for a, b in zip(rechecks, rechecks[1:])] == [2 * REVISIT_FIRST,
+                                                               4 * REVISIT_FIRST]
+    assert choices[rechecks[0]] == (
+        "cpu", f"adaptive: re-checking cpu at ~16.0 MB (gpu chosen; next check in "
+               f"{2 * REVISIT_FIRST} calls)")
+
+
+def test_a_path_timed_in_a_slow_spell_wins_back_once_rechecked() -> None:
+    model = AdaptiveModel()
+    feed(model, MB, {"cpu": 3e-3, "gpu": 2e-4}, calls=2 * EXPLORE_TRIES)  # cpu in a slow spell
+    assert model.choose("f", SIG, MB)[0] == "gpu"
+    chosen = feed(model, MB, {"cpu": 8e-5, "gpu": 2e-4}, calls=2 * REVISIT_FIRST)  # spell over
+    first_cpu = chosen.index("cpu")
+    assert first_cpu < REVISIT_FIRST
+    assert chosen[first_cpu:].count("gpu") <= 1  # settled on the cpu; the gpu is re-checked
 
 
 def test_generalises_to_an_unseen_size_from_fits_over_other_sizes() -> None:

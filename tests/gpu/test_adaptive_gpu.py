@@ -49,7 +49,11 @@ def test_settles_on_the_measurably_faster_path(adaptive_runtime: veda.Runtime, c
     assert decision.model == "adaptive" and "samples)" in decision.reason, decision
     expected = faster_path(func, x)
     assert expected in (None, decision.path), (decision, expected)
-    np.testing.assert_allclose(func(x), func.__wrapped__(x), rtol=1e-3, atol=1e-1)
+    reference = func.__wrapped__(x)
+    # float32 FFTs (cuFFT vs pocketfft) differ by a few ulp of the largest component, the DC
+    # term (~8e6 here): 0.27 at one of 16M bins on 2026-11-23, against atol 0.1 before.
+    np.testing.assert_allclose(func(x), reference, rtol=1e-3,
+                               atol=1e-6 * np.abs(reference).max())
 
 
 def test_profile_survives_a_new_runtime() -> None:

@@ -8,7 +8,9 @@ the latest end-to-end times of each path and:
    path's tries back to back (the predicted-faster path first), unless that path is already
    clearly worse (its best time above
    ``CLEARLY_WORSE`` x the other's, or so predicted by fits over several other sizes);
-2. exploits: otherwise it takes the path with the lower best time;
+2. exploits: otherwise it takes the path with the lower best time, except that it re-checks
+   the other path once after ``REVISIT_FIRST`` calls, then after twice as many each time
+   (up to ``REVISIT_MAX``), so a path timed during a slow spell is timed again;
 3. generalises: a bucket with no samples for a path is predicted by a per-path fit
    ``time = a + b * bytes`` over the function's other buckets, else by the calibration profile
    (``python -m vedart calibrate``; defaults are figures measured on the lent H100).
@@ -38,6 +40,8 @@ PATHS = ("cpu", "gpu")
 EXPLORE_TRIES = 3
 CLEARLY_WORSE = 2.0
 SAMPLES_KEPT = 8
+REVISIT_FIRST = 16   # a settled bucket runs its other path once after this many calls, ...
+REVISIT_MAX = 4096   # ... then after twice as many each time, up to this
 SAVE_INTERVAL_S = 30.0  # the profile is written at most this often, and when the runtime closes
 ADAPTIVE_FLOOR = 64 * 1024  # default threshold under the adaptive model: below it, the fast path
 
@@ -105,7 +109,9 @@ class AdaptiveModel:
         # (path, reason) of buckets with samples of both paths (their choice reads no fit and
         # no calibration), dropped when the bucket's best times or sample counts change: a
         # settled call then costs a dictionary lookup, not a choice (about 8 us of Python).
-        self._choices: dict[tuple[str, str, int], tuple[str, str]] = {}
+        self._choices: dict[tuple[str, str, int], tuple[tuple[str, str], bool]] = {}
+        # Per settled bucket: [calls until the other path runs, current interval, chosen path].
+        self._revisits: dict[tuple[str, str, int], list[Any]] = {}
         # Changes whenever a choice may have changed: a best time, a path still being explored
         # (its sample count), the calibration. Callers deriving state from choices re-derive
         # it only then.
@@ -139,23 +145,47 @@ class AdaptiveModel:
     def choose(self, key: str, signature: str, nbytes: int) -> tuple[str, str]:
         """(path, reason) for a call with ``nbytes`` of host arrays of ``signature``. Calls of
         a bucket with samples of both paths share one choice (and its reason, which names the
-        size of the call that made it) until the bucket's samples change it."""
+        size of the call that made it) until the bucket's samples change it. A settled bucket
+        re-checks its other path now and then (:meth:`_revisit_or`)."""
+        bucket = size_bucket(nbytes)
         with self._lock:
-            return self._bucket_choice(key, signature, size_bucket(nbytes), nbytes)
+            choice, settled = self._bucket_choice(key, signature, bucket, nbytes)
+            return self._revisit_or(choice, (key, signature, bucket), nbytes) if settled \
+                else choice
 
     def _bucket_choice(self, key: str, signature: str, bucket: int, nbytes: int
-                       ) -> tuple[str, str]:
-        """The choice for ``bucket`` at ``nbytes``, reused while cached (see :meth:`choose`);
-        the caller holds the lock."""
+                       ) -> tuple[tuple[str, str], bool]:
+        """The choice for ``bucket`` at ``nbytes`` and whether the bucket is settled (explored,
+        not exploring), reused while cached (see :meth:`choose`); the caller holds the lock."""
         cached = self._choices.get((key, signature, bucket))
         if cached is not None:
             return cached
         samples = self._samples(key, signature, bucket)
         fits = self._fits_if_needed(key, signature, samples)
-        choice = self._choose(samples, fits, nbytes)
+        path, reason, settled = self._choose(samples, fits, nbytes)
+        choice = ((path, reason), settled)
         if fits is None:
             self._choices[key, signature, bucket] = choice
         return choice
+
+    def _revisit_or(self, choice: tuple[str, str], where: tuple[str, str, int], nbytes: int
+                    ) -> tuple[str, str]:
+        """``choice``, except that every so many calls of a settled bucket the other path runs
+        once: a path's evidence is its best recent time, and one measured during a slow spell
+        (a cold thread pool, another tenant) would otherwise never be measured again. The
+        interval starts at ``REVISIT_FIRST`` calls and doubles up to ``REVISIT_MAX``, so a
+        path that really is slower costs little; it starts afresh when the choice changes."""
+        state = self._revisits.get(where)
+        if state is None or state[2] != choice[0]:
+            state = self._revisits[where] = [REVISIT_FIRST, REVISIT_FIRST, choice[0]]
+        state[0] -= 1
+        if state[0] > 0:
+            return choice
+        state[1] = min(2 * state[1], REVISIT_MAX)
+        state[0] = state[1]
+        other = "cpu" if choice[0] == "gpu" else "gpu"
+        return other, (f"adaptive: re-checking {other} at ~{format_bytes(nbytes)} "
+                       f"({choice[0]} chosen; next check in {state[1]} calls)")
 
     def _fits_if_needed(self, key: str, signature: str, samples: dict[str, list[list[float]]]
                         ) -> dict[str, Callable[[int], float] | None] | None:
@@ -172,16 +202,17 @@ class AdaptiveModel:
                              for name, samples in self._data["functions"].get(key, {}).items()
                              if samples["cpu"] or samples["gpu"])
             for bucket, signature in buckets:
-                path, reason = self._bucket_choice(key, signature, bucket, 2**bucket)
-                if path != "cpu" or "exploring" in reason:
+                (path, _), settled = self._bucket_choice(key, signature, bucket, 2**bucket)
+                if path != "cpu" or not settled:
                     break
                 ceiling = 2 ** (bucket + 1)
         return ceiling
 
     def _choose(self, samples: dict[str, list[list[float]]],
                 fits: dict[str, Callable[[int], float] | None] | None, nbytes: int
-                ) -> tuple[str, str]:
-        """``fits`` may be None only when both paths have samples (it is not read then)."""
+                ) -> tuple[str, str, bool]:
+        """(path, reason, settled: not exploring); ``fits`` may be None only when both paths
+        have samples (it is not read then)."""
         size = f"~{format_bytes(nbytes)}"
         best = {path: min(samples[path])[0] if samples[path] else None for path in PATHS}
         fitted = fits or dict.fromkeys(PATHS)
@@ -200,11 +231,11 @@ class AdaptiveModel:
         for path in sorted(PATHS, key=lambda p: (-len(samples[p]), predicted[p])):
             if len(samples[path]) < EXPLORE_TRIES and not clearly_worse(path):
                 return path, (f"adaptive: exploring {path} at {size} "
-                              f"({len(samples[path])} of {EXPLORE_TRIES} tries)")
+                              f"({len(samples[path])} of {EXPLORE_TRIES} tries)"), False
         path = min(PATHS, key=lambda p: predicted[p])
         count = len(samples["cpu"]) + len(samples["gpu"])
         return path, (f"adaptive: gpu {predicted['gpu'] * 1e3:.3g} ms vs cpu "
-                      f"{predicted['cpu'] * 1e3:.3g} ms at {size} ({count} samples)")
+                      f"{predicted['cpu'] * 1e3:.3g} ms at {size} ({count} samples)"), True
 
     def observe(self, key: str, signature: str, nbytes: int, path: str, seconds: float) -> None:
         """Record one end-to-end time of ``path``; writes the profile at most every
