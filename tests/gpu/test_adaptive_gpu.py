@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import vedart as veda
-from vedart.bench.harness import median_seconds
+from vedart.bench.harness import interleaved_medians
 from vedart.offload.adaptive import EXPLORE_TRIES
 
 pytestmark = pytest.mark.gpu
@@ -29,13 +29,20 @@ def settle(func: object, x: np.ndarray) -> veda.Decision:
 
 
 def faster_path(func: object, x: np.ndarray) -> str | None:
-    """The path measurably faster end to end (median of 5), or None within 25% of each other."""
-    times = {}
-    for path in ("cpu", "gpu"):
-        with veda.force(path):
-            times[path] = median_seconds(lambda: func(x), repeats=5)  # type: ignore[operator]
+    """The path more than 1.5x faster end to end (medians of 5, the paths in turn), or None
+    when neither is: within the regret the cost model is allowed (bench ops' worst-case
+    target). A 1.25x band failed now and then for the 32 MB float64 sum, whose paths the
+    staging engine brought within 2x of each other on the H100."""
+    times = interleaved_medians(
+        {path: (lambda path=path: _forced(path, func, x)) for path in ("cpu", "gpu")},
+        repeats=5)
     ratio = times["cpu"] / times["gpu"]
-    return None if 0.8 < ratio < 1.25 else ("gpu" if ratio > 1 else "cpu")
+    return None if 1 / 1.5 < ratio < 1.5 else ("gpu" if ratio > 1 else "cpu")
+
+
+def _forced(path: str, func: object, x: np.ndarray) -> object:
+    with veda.force(path):
+        return func(x)  # type: ignore[operator]
 
 
 @pytest.mark.parametrize("case", ["sum_float64_32MB", "fft_float32_64MB"])

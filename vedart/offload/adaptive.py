@@ -6,9 +6,11 @@ the latest end-to-end times of each path and:
 
 1. explores: a path with fewer than ``EXPLORE_TRIES`` samples in the bucket is tried, one
    path's tries back to back (the predicted-faster path first), unless that path is already
-   clearly worse (its best time above
+   clearly worse (its typical time above
    ``CLEARLY_WORSE`` x the other's, or so predicted by fits over several other sizes);
-2. exploits: otherwise it takes the path with the lower best time, except that it re-checks
+2. exploits: otherwise it takes the path with the lower typical time (the lower median of
+   its kept samples: one slow sample does not condemn a path, one lucky sample does not
+   crown it), except that it re-checks
    the other path once after ``REVISIT_FIRST`` calls, then after twice as many each time
    (up to ``REVISIT_MAX``), so a path timed during a slow spell is timed again;
 3. generalises: a bucket with no samples for a path is predicted by a per-path fit
@@ -79,8 +81,13 @@ def size_bucket(nbytes: int) -> int:
     return max(nbytes, 1).bit_length() - 1
 
 
+def typical(samples: list[list[float]]) -> list[float]:
+    """The [seconds, nbytes] sample at the lower median of ``samples`` by time."""
+    return sorted(samples)[(len(samples) - 1) // 2]
+
+
 def _fit(points: list[tuple[int, float]]) -> Callable[[int], float] | None:
-    """Least squares ``time = a + b * bytes`` (a, b >= 0) through per-bucket best times."""
+    """Least squares ``time = a + b * bytes`` (a, b >= 0) through per-bucket typical times."""
     if len(points) < 2:
         return None
     sizes = np.array([p[0] for p in points], dtype=float)
@@ -104,15 +111,15 @@ class AdaptiveModel:
                                            else Calibration())
         self._unsaved = profile is not None and profile.rejected  # replace a rejected file
         self._saved_at = time.monotonic()
-        # Per-(function, signature) fits, dropped when a bucket's best time of a path changes.
+        # Per-(function, signature) fits, dropped when a bucket's typical time of a path changes.
         self._fit_cache: dict[tuple[str, str], dict[str, Callable[[int], float] | None]] = {}
         # (path, reason) of buckets with samples of both paths (their choice reads no fit and
-        # no calibration), dropped when the bucket's best times or sample counts change: a
+        # no calibration), dropped when the bucket's typical times or sample counts change: a
         # settled call then costs a dictionary lookup, not a choice (about 8 us of Python).
         self._choices: dict[tuple[str, str, int], tuple[tuple[str, str], bool]] = {}
         # Per settled bucket: [calls until the other path runs, current interval, chosen path].
         self._revisits: dict[tuple[str, str, int], list[Any]] = {}
-        # Changes whenever a choice may have changed: a best time, a path still being explored
+        # Changes whenever a choice may have changed: a typical time, a path still being explored
         # (its sample count), the calibration. Callers deriving state from choices re-derive
         # it only then.
         self.revision = 0
@@ -125,15 +132,15 @@ class AdaptiveModel:
         cached = self._fit_cache.get((key, signature))
         if cached is not None:
             return cached
-        best: dict[str, list[tuple[int, float]]] = {path: [] for path in PATHS}
+        typical_points: dict[str, list[tuple[int, float]]] = {path: [] for path in PATHS}
         for name, samples in self._data["functions"].get(key, {}).items():
             if name.rsplit("|", 1)[0] != signature:
                 continue
             for path in PATHS:
                 if samples[path]:
-                    seconds, nbytes = min(samples[path])
-                    best[path].append((int(nbytes), seconds))
-        fits = {path: _fit(points) for path, points in best.items()}
+                    seconds, nbytes = typical(samples[path])
+                    typical_points[path].append((int(nbytes), seconds))
+        fits = {path: _fit(points) for path, points in typical_points.items()}
         self._fit_cache[key, signature] = fits
         return fits
 
@@ -171,7 +178,7 @@ class AdaptiveModel:
     def _revisit_or(self, choice: tuple[str, str], where: tuple[str, str, int], nbytes: int
                     ) -> tuple[str, str]:
         """``choice``, except that every so many calls of a settled bucket the other path runs
-        once: a path's evidence is its best recent time, and one measured during a slow spell
+        once: a path's evidence is its recent times, and ones measured during a slow spell
         (a cold thread pool, another tenant) would otherwise never be measured again. The
         interval starts at ``REVISIT_FIRST`` calls and doubles up to ``REVISIT_MAX``, so a
         path that really is slower costs little; it starts afresh when the choice changes."""
@@ -214,15 +221,15 @@ class AdaptiveModel:
         """(path, reason, settled: not exploring); ``fits`` may be None only when both paths
         have samples (it is not read then)."""
         size = f"~{format_bytes(nbytes)}"
-        best = {path: min(samples[path])[0] if samples[path] else None for path in PATHS}
+        measured = {path: typical(samples[path])[0] if samples[path] else None for path in PATHS}
         fitted = fits or dict.fromkeys(PATHS)
-        predicted = {path: best[path] if best[path] is not None
+        predicted = {path: measured[path] if measured[path] is not None
                      else (fitted[path](nbytes) if fitted[path] is not None  # type: ignore[misc]
                            else self.calibration.predict(path, nbytes)) for path in PATHS}
 
         def clearly_worse(path: str) -> bool:
             other = "gpu" if path == "cpu" else "cpu"
-            known = best[path] is not None or (fitted[path] is not None
+            known = measured[path] is not None or (fitted[path] is not None
                                                and fitted[other] is not None)
             return known and predicted[path] > CLEARLY_WORSE * predicted[other]
 
@@ -243,12 +250,12 @@ class AdaptiveModel:
         bucket = size_bucket(nbytes)
         with self._lock:
             kept = self._samples(key, signature, bucket)[path]
-            best_before = min(kept) if kept else None
+            typical_before = typical(kept) if kept else None
             kept.append([seconds, nbytes])
             if len(kept) <= SAMPLES_KEPT:  # the count in the reason changed
                 self._choices.pop((key, signature, bucket), None)
             del kept[:-SAMPLES_KEPT]
-            if min(kept) != best_before:
+            if typical(kept) != typical_before:
                 self._fit_cache.pop((key, signature), None)
                 self._choices.pop((key, signature, bucket), None)
                 self.revision += 1
