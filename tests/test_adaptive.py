@@ -85,9 +85,9 @@ def test_a_bucket_with_both_paths_reuses_its_choice_until_its_samples_change_it(
     for _ in range(SAMPLES_KEPT):
         model.observe("f", SIG, 16 * MB, "gpu", 0.0040)  # window full of slower samples
     settled = model.choose("f", SIG, 16 * MB)
-    model.observe("f", SIG, 16 * MB, "gpu", 0.0045)  # neither count nor best changes
+    model.observe("f", SIG, 16 * MB, "gpu", 0.0045)  # neither count nor typical time changes
     assert model.choose("f", SIG, 16 * MB) is settled
-    model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a new cpu best: the cpu is tried again
+    model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a new cpu typical time: tried again
     assert model.choose("f", SIG, 16 * MB) == (
         "cpu", f"adaptive: exploring cpu at ~16.0 MB (2 of {EXPLORE_TRIES} tries)")
 
@@ -104,6 +104,17 @@ def test_a_settled_bucket_rechecks_its_other_path_at_doubling_intervals() -> Non
     assert choices[rechecks[0]] == (
         "cpu", f"adaptive: re-checking cpu at ~16.0 MB (gpu chosen; next check in "
                f"{2 * REVISIT_FIRST} calls)")
+
+
+def test_peeking_answers_as_the_next_call_would_without_counting() -> None:
+    model = AdaptiveModel()
+    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2 * EXPLORE_TRIES)
+    answers = []
+    for _ in range(REVISIT_FIRST + 1):
+        peeked = [model.choose("f", SIG, 16 * MB, peek=True) for _ in range(3)]
+        answers.append(model.choose("f", SIG, 16 * MB))
+        assert peeked == [answers[-1]] * 3  # explain() tells what the call then gets
+    assert [path for path, _ in answers].count("cpu") == 1
 
 
 def test_a_path_timed_in_a_slow_spell_wins_back_once_rechecked() -> None:

@@ -68,6 +68,12 @@ class FakeCall:
     def launch(self) -> None:
         self._outcome = self.offload.run(self.item, self.staged_on)
 
+    def run(self) -> Any:
+        """Run as decided, on the calling thread (a CPU decision of the adaptive model)."""
+        with self.offload.lock:
+            self.offload.decided_runs.append(int(self.item[0]))
+        return self.offload.__wrapped__(self.item)
+
     def land(self) -> Any:
         assert self._outcome is not None, "land before launch"
         with self.offload.lock:
@@ -85,7 +91,8 @@ class FakeOffload:
     counts items launched and not yet landed."""
 
     def __init__(self, function: Callable[[np.ndarray], Any], *, threshold: int = MB,
-                 force: str | None = None, gpu_seconds: float = 0.0) -> None:
+                 force: str | None = None, gpu_seconds: float = 0.0,
+                 cpu_model: str = "static") -> None:
         self.__wrapped__ = function
         self.__name__ = function.__name__
         self.gpu_options = OffloadOptions(threshold=threshold, force=force)
@@ -94,6 +101,8 @@ class FakeOffload:
         self.lock = threading.Lock()
         self.on_device = 0
         self.most_on_device = 0
+        self.cpu_model = cpu_model  # the model that decides small items for the CPU
+        self.decided_runs: list[int] = []
 
     def plan_call(self, item: np.ndarray) -> FakeCall:
         if item.nbytes >= self.gpu_options.threshold or self.gpu_options.force == "gpu":
@@ -101,7 +110,7 @@ class FakeOffload:
             assert device is not None
             free = veda.get_runtime().gpu.free_memory(device)  # as the static rule reads it
             return FakeCall(self, item, Decision("gpu", "fake", device, free_bytes=free))
-        return FakeCall(self, item, Decision("cpu", "fake: small"))
+        return FakeCall(self, item, Decision("cpu", "fake: small", model=self.cpu_model))
 
     def run(self, item: np.ndarray, staged_on: str | None) -> tuple[bool, Any]:
         with self.lock:
@@ -170,6 +179,18 @@ def test_small_items_run_on_cpu_workers_in_order() -> None:
     assert placements(runtime) == {("gpu", 0): 10, ("cpu", None): 20}
     on_lanes = {index for index, active, _, _, _ in wrapper.calls if active is not None}
     assert on_lanes == set(range(0, 30, 3))
+
+
+def test_cpu_items_the_adaptive_model_chose_run_as_decided_not_decided_again() -> None:
+    # Deciding again on the worker could undo a re-check of the CPU (the model's count moved
+    # on) and run the item on the GPU outside its lane.
+    runtime = fake_gpus(count=1)
+    wrapper = FakeOffload(first_times_ten, cpu_model="adaptive")
+    mixed = [np.full(2 * MB if i % 3 == 0 else 100, i, dtype=np.uint8) for i in range(30)]
+    assert par_iter(mixed).gpu_map(wrapper).collect() == [10 * i for i in range(30)]
+    assert sorted(wrapper.decided_runs) == [i for i in range(30) if i % 3]
+    assert all(active is not None for _, active, _, _, _ in wrapper.calls)  # lanes only
+    assert placements(runtime) == {("gpu", 0): 10, ("cpu", None): 20}
 
 
 def test_a_lane_keeps_one_item_per_stream_on_the_device() -> None:

@@ -23,8 +23,11 @@ PATHS = ("cpu", "gpu", "fallback")
 
 @dataclass(frozen=True)
 class CallRecord:
-    """One call that went past the fast path. Seconds are wall-clock per phase; on the CPU
-    path only ``seconds_compute`` is measured."""
+    """One call that went past the fast path. Seconds are wall-clock per phase;
+    ``seconds_to_device`` is the host's time to hand the inputs over (the end of a copy can
+    overlap the launch and then counts in ``seconds_compute``, so GB/s derived from it can read
+    high for inputs the driver copies asynchronously); on the CPU path only
+    ``seconds_compute`` is measured."""
 
     function: str
     path: str

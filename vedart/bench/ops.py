@@ -146,6 +146,7 @@ def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     summary["meets_target"] = None if cupy is None else (
         summary["adaptive"]["geomean_regret"] <= 1.05 and summary["adaptive"]["worst_regret"] <= 1.5)
     return {"suite": "ops", "device_name": device_name, "sizes": list(sizes), "repeats": repeats,
+            "repeats_cheap_cases": repeats * CHEAP_ROUNDS_FACTOR,
             "rows": rows, "summary": summary,
             "note": None if cupy is not None else "no GPU: CuPy column n/a; regret is against CPU"}
 

@@ -10,9 +10,10 @@ the latest end-to-end times of each path and:
    ``CLEARLY_WORSE`` x the other's, or so predicted by fits over several other sizes);
 2. exploits: otherwise it takes the path with the lower typical time (the lower median of
    its kept samples: one slow sample does not condemn a path, one lucky sample does not
-   crown it), except that it re-checks
-   the other path once after ``REVISIT_FIRST`` calls, then after twice as many each time
-   (up to ``REVISIT_MAX``), so a path timed during a slow spell is timed again;
+   crown it), except that it re-checks the other path once after ``REVISIT_FIRST`` calls,
+   then after twice as many each time (up to ``REVISIT_MAX``), so a path timed during a slow
+   spell is timed again. Calls below the size under which a function is settled on the CPU
+   take the @gpu fast path and never reach the model, so those sizes are not re-checked;
 3. generalises: a bucket with no samples for a path is predicted by a per-path fit
    ``time = a + b * bytes`` over the function's other buckets, else by the calibration profile
    (``python -m vedart calibrate``; defaults are figures measured on the lent H100).
@@ -149,16 +150,18 @@ class AdaptiveModel:
         """The profile file this model loads and saves, or None without one."""
         return None if self._profile is None else self._profile.path
 
-    def choose(self, key: str, signature: str, nbytes: int) -> tuple[str, str]:
+    def choose(self, key: str, signature: str, nbytes: int, *, peek: bool = False
+               ) -> tuple[str, str]:
         """(path, reason) for a call with ``nbytes`` of host arrays of ``signature``. Calls of
         a bucket with samples of both paths share one choice (and its reason, which names the
         size of the call that made it) until the bucket's samples change it. A settled bucket
-        re-checks its other path now and then (:meth:`_revisit_or`)."""
+        re-checks its other path now and then (:meth:`_revisit_or`); ``peek`` answers as for
+        the next call without counting this one (``explain``)."""
         bucket = size_bucket(nbytes)
         with self._lock:
             choice, settled = self._bucket_choice(key, signature, bucket, nbytes)
-            return self._revisit_or(choice, (key, signature, bucket), nbytes) if settled \
-                else choice
+            return self._revisit_or(choice, (key, signature, bucket), nbytes, peek) \
+                if settled else choice
 
     def _bucket_choice(self, key: str, signature: str, bucket: int, nbytes: int
                        ) -> tuple[tuple[str, str], bool]:
@@ -175,24 +178,30 @@ class AdaptiveModel:
             self._choices[key, signature, bucket] = choice
         return choice
 
-    def _revisit_or(self, choice: tuple[str, str], where: tuple[str, str, int], nbytes: int
-                    ) -> tuple[str, str]:
+    def _revisit_or(self, choice: tuple[str, str], where: tuple[str, str, int], nbytes: int,
+                    peek: bool) -> tuple[str, str]:
         """``choice``, except that every so many calls of a settled bucket the other path runs
         once: a path's evidence is its recent times, and ones measured during a slow spell
         (a cold thread pool, another tenant) would otherwise never be measured again. The
         interval starts at ``REVISIT_FIRST`` calls and doubles up to ``REVISIT_MAX``, so a
-        path that really is slower costs little; it starts afresh when the choice changes."""
+        path that really is slower costs little; it starts afresh when the choice changes.
+        Only calls that reach the model count (not those under the settled-CPU floor, which
+        take the fast path); with ``peek`` nothing is counted."""
         state = self._revisits.get(where)
         if state is None or state[2] != choice[0]:
-            state = self._revisits[where] = [REVISIT_FIRST, REVISIT_FIRST, choice[0]]
-        state[0] -= 1
-        if state[0] > 0:
+            state = [REVISIT_FIRST, REVISIT_FIRST, choice[0]]
+            if not peek:
+                self._revisits[where] = state
+        if state[0] > 1:
+            if not peek:
+                state[0] -= 1
             return choice
-        state[1] = min(2 * state[1], REVISIT_MAX)
-        state[0] = state[1]
+        interval = min(2 * state[1], REVISIT_MAX)
+        if not peek:
+            state[0] = state[1] = interval
         other = "cpu" if choice[0] == "gpu" else "gpu"
         return other, (f"adaptive: re-checking {other} at ~{format_bytes(nbytes)} "
-                       f"({choice[0]} chosen; next check in {state[1]} calls)")
+                       f"({choice[0]} chosen; next check in {interval} calls)")
 
     def _fits_if_needed(self, key: str, signature: str, samples: dict[str, list[list[float]]]
                         ) -> dict[str, Callable[[int], float] | None] | None:

@@ -4,9 +4,11 @@ results, and fall back to the CPU when the GPU fails.
 The path of one call:
 1. Fast path (call_wrapper.py), no NVML query, no logging: GPU disabled or absent, or
    host-array bytes below the threshold with no device array -> call the function as written.
-2. Otherwise scan the arguments, ask the static cost model for a Decision (with a reason).
+2. Otherwise scan the arguments, ask the cost model (the static rule, or the adaptive model's
+   choice once the static checks allow the GPU) for a Decision (with a reason).
 3. GPU: inside ``cupy.cuda.Device(d)`` copy host arrays to the device, run the substituted
-   clone, synchronise, copy results (and ``writes=`` arguments) back, record telemetry.
+   clone without waiting for the copies, synchronise, copy results (and ``writes=``
+   arguments) back, record telemetry.
 4. A GPU-specific failure re-runs the function on the CPU with the caller's original arguments
    (``fallback="cpu"``) or raises OffloadError (``fallback="raise"``). The user's own exceptions
    propagate unchanged and are not re-run.
@@ -194,10 +196,18 @@ class _Offload:
                 (cutoff, "adaptive: cpu learned faster below") if cutoff > plan.threshold
                 else (plan.threshold, "below threshold"))
 
+    def current_plan(self) -> _Plan:
+        return self.plan if self.plan.runtime is lifecycle.current else self.refresh()
+
     def plan_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PlannedCall:
         """A call with these arguments, decided now and not yet run."""
-        plan = self.plan if self.plan.runtime is lifecycle.current else self.refresh()
-        return PlannedCall(self, plan, args, kwargs)
+        return PlannedCall(self, self.current_plan(), args, kwargs)
+
+    def explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Decision:
+        """The decision a call with these arguments would get now; nothing runs and nothing
+        is counted (the adaptive model's re-check interval counts calls)."""
+        plan = self.current_plan()
+        return self.decide(plan, scan(args, kwargs, plan.device_type), args, kwargs, peek=True)
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Decide one call the fast path did not settle, and run it."""
@@ -212,7 +222,7 @@ class _Offload:
         return None
 
     def decide(self, plan: _Plan, facts: ArgumentFacts, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> Decision:
+               kwargs: dict[str, Any], *, peek: bool = False) -> Decision:
         runtime = plan.runtime
         assert runtime is not None
         model = runtime.cost_model
@@ -224,7 +234,7 @@ class _Offload:
             else preferred_device.get(),
             forcing=forcing,
             size_rule=None if model is None else lambda: model.choose(
-                self.key, signature_of(facts.host_arrays), facts.host_bytes))
+                self.key, signature_of(facts.host_arrays), facts.host_bytes, peek=peek))
         if decision.path == "gpu" and self._signature is not None:
             problem = self._writes_problem(args, kwargs)
             if problem is not None:
@@ -494,7 +504,7 @@ def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., An
 
     def explain(*args: Any, **kwargs: Any) -> Decision:
         """The Decision a call with these arguments would get now, without running anything."""
-        return offload.plan_call(args, kwargs).decision
+        return offload.explain(args, kwargs)
 
     gpu_wrapper.explain = explain  # type: ignore[attr-defined]
     gpu_wrapper.plan_call = plan_call  # type: ignore[attr-defined]

@@ -3,8 +3,10 @@
 Per item, in input order, on the thread that drives the pipeline:
 1. ``wrapper.plan_call(item)`` under ``prefer_device(least loaded device)`` makes the @gpu
    decision (``force=`` and ``veda.force`` blocks apply as they do to a direct call).
-2. CPU: the item joins a batch of consecutive CPU items, run on the worker pool through the
-   wrapper (its fast path), ``chunk_size`` items per task.
+2. CPU: the item joins a batch of consecutive CPU items, run on the worker pool
+   ``chunk_size`` items per task: through the wrapper (its fast path), or, when the adaptive
+   model chose the CPU, as the decided call itself (so a re-check of the CPU runs there and is
+   learned from, instead of being decided afresh on the worker).
 3. GPU: the item is admitted to the decided device within its in-flight bound; its mid-size
    inputs are copied into pinned memory on the transfer engine's staging threads; then the
    device's lane thread launches it on one of its streams and lands it (see
@@ -67,6 +69,8 @@ class LaneCall(Protocol):
     def launch(self) -> None: ...
 
     def land(self) -> Any: ...
+
+    def run(self) -> Any: ...
 
 
 class GpuFunction(Protocol):
@@ -135,14 +139,16 @@ class _CpuItems:
     items: list[Any] = field(default_factory=list)
     origins: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
+    calls: list[LaneCall | None] = field(default_factory=list)  # a decided call to run as is
     failures: dict[int, ItemFailure] = field(default_factory=dict)
 
-    def add(self, item: Any, origin: int, nbytes: int) -> None:
+    def add(self, item: Any, origin: int, nbytes: int, call: LaneCall | None = None) -> None:
         if isinstance(item, ItemFailure):
             self.failures[len(self.items)] = item
         self.items.append(item)
         self.origins.append(origin)
         self.sizes.append(nbytes)
+        self.calls.append(call)
 
 
 class _LaneItem:
@@ -276,7 +282,7 @@ class GpuMapReader(WindowedReader):
             return
         nbytes, decision = call.host_bytes, call.decision
         if decision.path == "cpu":
-            self._add_cpu(item, origin, nbytes)
+            self._add_cpu(item, origin, nbytes, call if decision.model == "adaptive" else None)
             return
         assert decision.device is not None, decision
         lanes = self._lanes.devices.get(decision.device, lanes)  # an input's own device
@@ -313,8 +319,8 @@ class GpuMapReader(WindowedReader):
         return (self._hybrid_allowed and forced_path.get() is None
                 and self._scheduler.idle_workers() > 0 and self._rating.competitive(nbytes, lanes))
 
-    def _add_cpu(self, item: Any, origin: int, nbytes: int) -> None:
-        self._cpu_items.add(item, origin, nbytes)
+    def _add_cpu(self, item: Any, origin: int, nbytes: int, call: LaneCall | None = None) -> None:
+        self._cpu_items.add(item, origin, nbytes, call)
         if len(self._cpu_items.items) >= self._chunks.size:
             self._flush_cpu()
 
@@ -328,14 +334,14 @@ class GpuMapReader(WindowedReader):
         values: list[Any] = []
         failures = dict(work.failures)
         started_batch = time.perf_counter()
-        for position, (item, origin, nbytes) in enumerate(zip(work.items, work.origins,
-                                                              work.sizes)):
+        for position, (item, origin, nbytes, call) in enumerate(zip(
+                work.items, work.origins, work.sizes, work.calls)):
             if position in failures:
                 values.append(item)
                 continue
             started = time.perf_counter()
             try:
-                value = function(item)
+                value = function(item) if call is None else call.run()
             except Exception as error:
                 value = failures[position] = ItemFailure(origin, self.label, error)
             finished = time.perf_counter()
