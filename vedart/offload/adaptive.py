@@ -82,6 +82,16 @@ def size_bucket(nbytes: int) -> int:
     return max(nbytes, 1).bit_length() - 1
 
 
+@dataclass(slots=True)
+class _Revisit:
+    """When a settled bucket next runs its other path: after ``calls_left`` more calls (the
+    current ``interval``), while ``chosen`` is its choice."""
+
+    calls_left: int
+    interval: int
+    chosen: str
+
+
 def typical(samples: list[list[float]]) -> list[float]:
     """The [seconds, nbytes] sample at the lower median of ``samples`` by time."""
     return sorted(samples)[(len(samples) - 1) // 2]
@@ -118,8 +128,7 @@ class AdaptiveModel:
         # no calibration), dropped when the bucket's typical times or sample counts change: a
         # settled call then costs a dictionary lookup, not a choice (about 8 us of Python).
         self._choices: dict[tuple[str, str, int], tuple[tuple[str, str], bool]] = {}
-        # Per settled bucket: [calls until the other path runs, current interval, chosen path].
-        self._revisits: dict[tuple[str, str, int], list[Any]] = {}
+        self._revisits: dict[tuple[str, str, int], _Revisit] = {}  # per settled bucket
         # Changes whenever a choice may have changed: a typical time, a path still being explored
         # (its sample count), the calibration. Callers deriving state from choices re-derive
         # it only then.
@@ -188,17 +197,17 @@ class AdaptiveModel:
         Only calls that reach the model count (not those under the settled-CPU floor, which
         take the fast path); with ``peek`` nothing is counted."""
         state = self._revisits.get(where)
-        if state is None or state[2] != choice[0]:
-            state = [REVISIT_FIRST, REVISIT_FIRST, choice[0]]
+        if state is None or state.chosen != choice[0]:
+            state = _Revisit(REVISIT_FIRST, REVISIT_FIRST, choice[0])
             if not peek:
                 self._revisits[where] = state
-        if state[0] > 1:
+        if state.calls_left > 1:
             if not peek:
-                state[0] -= 1
+                state.calls_left -= 1
             return choice
-        interval = min(2 * state[1], REVISIT_MAX)
+        interval = min(2 * state.interval, REVISIT_MAX)
         if not peek:
-            state[0] = state[1] = interval
+            state.calls_left = state.interval = interval
         other = "cpu" if choice[0] == "gpu" else "gpu"
         return other, (f"adaptive: re-checking {other} at ~{format_bytes(nbytes)} "
                        f"({choice[0]} chosen; next check in {interval} calls)")
