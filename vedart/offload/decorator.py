@@ -197,6 +197,7 @@ class _Offload:
                 else (plan.threshold, "below threshold"))
 
     def current_plan(self) -> _Plan:
+        """The plan for the current runtime (rebuilt after init or shutdown)."""
         return self.plan if self.plan.runtime is lifecycle.current else self.refresh()
 
     def plan_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PlannedCall:
