@@ -24,6 +24,7 @@ from vedart.offload.adaptive import (
     function_key,
     signature_of,
     size_bucket,
+    typical,
 )
 from vedart.offload.profile import ProfileFile
 
@@ -304,6 +305,36 @@ def test_revision_changes_only_when_a_choice_may_change() -> None:
     assert EXPLORE_TRIES == 3 and revisions == [0, 1, 2, 3, 4, 5, 5, 5]
     model.set_calibration(Calibration())
     assert model.revision == 6
+
+
+def test_a_settled_bucket_moves_the_revision_only_when_its_faster_path_changes() -> None:
+    model = AdaptiveModel()
+    for nbytes in (MB, 16 * MB):  # every bucket of the signature has samples of both paths
+        for path, seconds in [("cpu", 1e-3), ("gpu", 2e-4)] * SAMPLES_KEPT:
+            model.observe("f", SIG, nbytes, path, seconds)
+    settled = model.revision
+    choice = model.choose("f", SIG, MB)
+    medians = []
+    for seconds in [3e-4] * 5 + [1e-4] * 5:  # the gpu's median moves; it stays faster
+        model.observe("f", SIG, MB, "gpu", seconds)
+        medians.append(typical(model._samples("f", SIG, size_bucket(MB))["gpu"])[0])
+    assert len(set(medians)) >= 2  # the median did move
+    assert model.revision == settled
+    assert model.choose("f", SIG, MB) is choice  # kept, figures and all
+    for _ in range(SAMPLES_KEPT):
+        model.observe("f", SIG, MB, "gpu", 5e-3)  # now slower than the cpu: a choice changed
+    assert model.revision > settled and model.choose("f", SIG, MB)[0] == "cpu"
+
+
+def test_a_new_time_moves_the_revision_while_a_size_is_predicted_by_fits() -> None:
+    model = AdaptiveModel()
+    for path, seconds in [("cpu", 1e-3), ("gpu", 2e-4)] * EXPLORE_TRIES:
+        model.observe("f", SIG, MB, path, seconds)
+    model.observe("f", SIG, 16 * MB, "cpu", 1e-2)  # a bucket with no gpu sample: fits say
+    before = model.revision
+    for _ in range(EXPLORE_TRIES):
+        model.observe("f", SIG, MB, "gpu", 1e-4)  # the median moves, and the fits with it
+    assert model.revision > before
 
 
 def test_settled_cpu_sizes_take_the_fast_path_with_an_adaptive_reason(tmp_path: Path) -> None:

@@ -125,13 +125,13 @@ class AdaptiveModel:
         # Per-(function, signature) fits, dropped when a bucket's typical time of a path changes.
         self._fit_cache: dict[tuple[str, str], dict[str, Callable[[int], float] | None]] = {}
         # (path, reason) of buckets with samples of both paths (their choice reads no fit and
-        # no calibration), dropped when the bucket's typical times or sample counts change: a
-        # settled call then costs a dictionary lookup, not a choice (about 8 us of Python).
+        # no calibration), dropped when a sample count changes or another path may have become
+        # faster: a settled call then costs a dictionary lookup, not a choice (tens of us).
         self._choices: dict[tuple[str, str, int], tuple[tuple[str, str], bool]] = {}
         self._revisits: dict[tuple[str, str, int], _Revisit] = {}  # per settled bucket
-        # Changes whenever a choice may have changed: a typical time, a path still being explored
-        # (its sample count), the calibration. Callers deriving state from choices re-derive
-        # it only then.
+        # Changes whenever a choice may have changed: which path is faster in a bucket, a path
+        # still being explored (its sample count), a time the fits of an unsampled size read,
+        # the calibration. Callers deriving state from choices re-derive it only then.
         self.revision = 0
 
     def _samples(self, key: str, signature: str, bucket: int) -> dict[str, list[list[float]]]:
@@ -163,7 +163,8 @@ class AdaptiveModel:
                ) -> tuple[str, str]:
         """(path, reason) for a call with ``nbytes`` of host arrays of ``signature``. Calls of
         a bucket with samples of both paths share one choice (and its reason, which names the
-        size of the call that made it) until the bucket's samples change it. A settled bucket
+        size and the times of when it was made) until a sample count changes or the other
+        path becomes the faster one. A settled bucket
         re-checks its other path now and then (:meth:`_revisit_or`); ``peek`` answers as for
         the next call without counting this one (``explain``)."""
         bucket = size_bucket(nbytes)
@@ -266,23 +267,42 @@ class AdaptiveModel:
         """Record one end-to-end time of ``path``; writes the profile at most every
         ``SAVE_INTERVAL_S`` seconds (and on :meth:`save`)."""
         bucket = size_bucket(nbytes)
+        where = (key, signature, bucket)
         with self._lock:
-            kept = self._samples(key, signature, bucket)[path]
-            typical_before = typical(kept) if kept else None
+            samples = self._samples(key, signature, bucket)
+            kept, other = samples[path], samples["gpu" if path == "cpu" else "cpu"]
+            before = typical(kept)[0] if kept else None
+            explored_before = len(kept) >= EXPLORE_TRIES <= len(other)
             kept.append([seconds, nbytes])
             if len(kept) <= SAMPLES_KEPT:  # the count in the reason changed
-                self._choices.pop((key, signature, bucket), None)
+                self._choices.pop(where, None)
             del kept[:-SAMPLES_KEPT]
-            if typical(kept) != typical_before:
+            after = typical(kept)[0]
+            if after != before:
                 self._fit_cache.pop((key, signature), None)
-                self._choices.pop((key, signature, bucket), None)
-                self.revision += 1
+                # A settled bucket whose faster path stays keeps its choice (the figures in
+                # its reason are those of when it was made): a noisy path's median moves on
+                # about half of its samples, and choosing afresh costs tens of microseconds.
+                other_time = typical(other)[0] if other else None
+                steady = (explored_before and other_time is not None and before is not None
+                          and (before < other_time) == (after < other_time))
+                if not steady:
+                    self._choices.pop(where, None)
+                if not (steady and self._all_buckets_sampled(key, signature)):
+                    self.revision += 1
             elif len(kept) <= EXPLORE_TRIES:
                 self.revision += 1
             self._unsaved = True
             due = time.monotonic() - self._saved_at >= SAVE_INTERVAL_S
         if due:
             self.save()
+
+    def _all_buckets_sampled(self, key: str, signature: str) -> bool:
+        """Whether every bucket of ``signature`` has samples of both paths, so none is
+        predicted by the fits a new typical time moves (the caller holds the lock)."""
+        return all(samples["cpu"] and samples["gpu"]
+                   for name, samples in self._data["functions"][key].items()
+                   if name.rsplit("|", 1)[0] == signature)
 
     def set_calibration(self, calibration: Calibration) -> None:
         with self._lock:
