@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import marshal
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -271,7 +272,7 @@ class AdaptiveModel:
         with self._lock:
             samples = self._samples(key, signature, bucket)
             kept, other = samples[path], samples["gpu" if path == "cpu" else "cpu"]
-            before = typical(kept)[0] if kept else None
+            before = typical(kept)[0] if kept else math.inf
             explored_before = len(kept) >= EXPLORE_TRIES <= len(other)
             kept.append([seconds, nbytes])
             if len(kept) <= SAMPLES_KEPT:  # the count in the reason changed
@@ -283,9 +284,8 @@ class AdaptiveModel:
                 # A settled bucket whose faster path stays keeps its choice (the figures in
                 # its reason are those of when it was made): a noisy path's median moves on
                 # about half of its samples, and choosing afresh costs tens of microseconds.
-                other_time = typical(other)[0] if other else None
-                steady = (explored_before and other_time is not None and before is not None
-                          and (before < other_time) == (after < other_time))
+                other_time = typical(other)[0] if explored_before else 0.0
+                steady = explored_before and (before < other_time) == (after < other_time)
                 if not steady:
                     self._choices.pop(where, None)
                 if not (steady and self._all_buckets_sampled(key, signature)):
