@@ -22,10 +22,10 @@ from vedart.offload.adaptive import (
     AdaptiveModel,
     Calibration,
     function_key,
-    signature_of,
     size_bucket,
     typical,
 )
+from vedart.offload.arguments import signature_of
 from vedart.offload.profile import ProfileFile
 
 MB = 10**6

@@ -26,9 +26,21 @@ def test_ops_suite_runs_without_a_gpu_and_reports_regret() -> None:
         assert row["adaptive_oracle_s"] == row["adaptive_phase_cpu_s"]
         assert row["adaptive_regret"] == row["adaptive_s"] / row["adaptive_phase_cpu_s"]
         assert row["static_regret"] > 0 and row["adaptive_regret"] > 0
+        for rounds in (row["static_rounds"], row["adaptive_rounds"]):  # cheap cases: more
+            assert 6 < rounds <= ops.MAX_ROUNDS and rounds % 6 == 0
     assert result["summary"]["meets_target"] is None
     text = ops.format_table(result)
     assert "target (adaptive): geomean <= 1.05, worst <= 1.5: n/a (no GPU)" in text
+
+
+@pytest.mark.parametrize("round_s, expected", [
+    (1.0, 6),          # slow cases keep the suite's repeats
+    (0.02, 12),        # 0.2 s / 20 ms = 10 rounds, made a whole cycle of the six orders
+    (0.0015, 138),     # 134 rounds fill the budget: rounded up to 23 cycles
+    (1e-6, ops.MAX_ROUNDS),
+])
+def test_ops_rounds_fill_the_phase_budget_in_whole_cycles(round_s: float, expected: int) -> None:
+    assert ops.rounds_for(round_s, repeats=6, budget_s=0.2) == expected
 
 
 def test_ops_plot_writes_a_png(tmp_path: Path) -> None:

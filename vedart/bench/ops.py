@@ -31,11 +31,12 @@ KB = 1024
 SIZES = (64 * KB, 256 * KB, 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20)
 QUICK_SIZES = (256 * KB, 4 * 2**20, 64 * 2**20)
 WARMUP_CALLS = 2 * EXPLORE_TRIES + 2  # explore both paths, plus the unlearned first GPU run
-# A case whose round of three runs takes under CHEAP_ROUND_S gets CHEAP_ROUNDS_FACTOR x the
-# rounds: a median of 6 samples of a 0.3 ms call swung its regret from 1.26 to 1.54 between
-# runs on the H100 (2026-11-23), and more rounds of it cost little.
-CHEAP_ROUND_S = 0.01
-CHEAP_ROUNDS_FACTOR = 4
+# A case gets as many rounds as fit in its phase's time budget (at least the suite's repeats,
+# at most MAX_ROUNDS): a median of 6 samples of a 0.3 ms call swung its regret from 1.26 to
+# 1.54 between runs on the H100, and 24 samples of a 0.2 ms call, whose middle half spans
+# 0.19-0.29 ms there, from 1.25 to 1.65 (2026-11-23); more rounds of a cheap case cost little.
+PHASE_BUDGET_S = {True: 0.2, False: 0.5}  # by quick
+MAX_ROUNDS = 240
 
 
 def sum_f64(x: np.ndarray) -> Any:
@@ -87,11 +88,21 @@ def make_input(dtype: str, rank: int, nbytes: int, seed: int) -> np.ndarray:
     return rng.standard_normal(count).astype(dtype)
 
 
+def rounds_for(round_s: float, repeats: int, budget_s: float) -> int:
+    """Rounds for a case whose round takes ``round_s``: enough to fill ``budget_s``, at least
+    ``repeats`` and at most ``MAX_ROUNDS``, in whole cycles of the six round orders."""
+    wanted = min(max(repeats, math.ceil(budget_s / max(round_s, 1e-9))), MAX_ROUNDS)
+    cycle = math.factorial(3)
+    return math.ceil(wanted / cycle) * cycle
+
+
 def _phase_times(func: Callable[[np.ndarray], Any], x: np.ndarray, path: str, repeats: int,
-                 warmup: int, cupy: Any | None) -> tuple[dict[str, float], str]:
+                 budget_s: float, warmup: int, cupy: Any | None
+                 ) -> tuple[dict[str, float], str, int]:
     """Median seconds of NumPy, hand-written CuPy (end to end) and ``func`` under @gpu with the
     current runtime's cost model (``path``), taken in turn so that all three see the machine in
-    the same state; and the reason of the last @gpu decision."""
+    the same state; the reason of the last @gpu decision; and the rounds taken
+    (:func:`rounds_for`)."""
     wrapped = veda.gpu(func)
     runs = {"cpu": lambda: func(x), path: lambda: wrapped(x)}
     synchronize = {}
@@ -100,11 +111,10 @@ def _phase_times(func: Callable[[np.ndarray], Any], x: np.ndarray, path: str, re
         synchronize["cupy"] = cupy.cuda.get_current_stream().synchronize
     first_round = interleaved_medians(runs, repeats=1, warmup={"cupy": 2, path: warmup},
                                       synchronize=synchronize)
-    if sum(first_round.values()) < CHEAP_ROUND_S:
-        repeats *= CHEAP_ROUNDS_FACTOR
-    times = interleaved_medians(runs, repeats=repeats, warmup=dict.fromkeys(runs, 0),
+    rounds = rounds_for(sum(first_round.values()), repeats, budget_s)
+    times = interleaved_medians(runs, repeats=rounds, warmup=dict.fromkeys(runs, 0),
                                 synchronize=synchronize)
-    return times, wrapped.explain(x).reason  # type: ignore[attr-defined]
+    return times, wrapped.explain(x).reason, rounds  # type: ignore[attr-defined]
 
 
 def _geomean(values: list[float]) -> float:
@@ -113,7 +123,8 @@ def _geomean(values: list[float]) -> float:
 
 def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
-    repeats = 6 if quick else 12  # whole cycles of the 3! round orders (x4 for cheap cases)
+    repeats = 6 if quick else 12  # whole cycles of the 3! round orders (more for cheap cases)
+    budget_s = PHASE_BUDGET_S[quick]
     runtime = veda.init(veda.Config.builder().cost_model("static").build())
     device_name = runtime.gpu.devices[0].name if runtime.gpu else None
     cupy = None
@@ -123,15 +134,16 @@ def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     inputs = {(op, size): make_input(OPS[op][1], OPS[op][2], size, seed=index)
               for index, (op, size) in enumerate((op, s) for op in OPS for s in sizes)}
     for (op, _), x in inputs.items():
-        times, reason = _phase_times(OPS[op][0], x, "static", repeats, 1, cupy)
+        times, reason, rounds = _phase_times(OPS[op][0], x, "static", repeats, budget_s, 1, cupy)
         rows.append({"op": op, "bytes": int(x.nbytes), "static_reason": reason,
+                     "static_rounds": rounds,
                      **{f"{name}_s": seconds for name, seconds in times.items()}})
     with tempfile.TemporaryDirectory() as profile_dir:
         veda.init(veda.Config.builder().cost_model("adaptive")
                   .profile_path(str(Path(profile_dir) / "profile.json")).build())
         for row, x in zip(rows, inputs.values()):
-            times, row["adaptive_reason"] = _phase_times(OPS[row["op"]][0], x, "adaptive",
-                                                         repeats, WARMUP_CALLS, cupy)
+            times, row["adaptive_reason"], row["adaptive_rounds"] = _phase_times(
+                OPS[row["op"]][0], x, "adaptive", repeats, budget_s, WARMUP_CALLS, cupy)
             row["adaptive_s"] = times.pop("adaptive")
             row.update({f"adaptive_phase_{name}_s": seconds for name, seconds in times.items()})
     veda.shutdown()
@@ -146,7 +158,7 @@ def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     summary["meets_target"] = None if cupy is None else (
         summary["adaptive"]["geomean_regret"] <= 1.05 and summary["adaptive"]["worst_regret"] <= 1.5)
     return {"suite": "ops", "device_name": device_name, "sizes": list(sizes), "repeats": repeats,
-            "repeats_cheap_cases": repeats * CHEAP_ROUNDS_FACTOR,
+            "phase_budget_s": budget_s, "max_rounds": MAX_ROUNDS,
             "rows": rows, "summary": summary,
             "note": None if cupy is not None else "no GPU: CuPy column n/a; regret is against CPU"}
 

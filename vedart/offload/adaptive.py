@@ -74,11 +74,6 @@ def function_key(func: Callable[..., Any], qualified_name: str) -> str:
     return f"{qualified_name}@{digest}"
 
 
-def signature_of(arrays: list[np.ndarray]) -> str:
-    """The arguments' dtypes and ranks, e.g. ``"<f4:2,<f4:1"``."""
-    return ",".join(f"{array.dtype.str}:{array.ndim}" for array in arrays)
-
-
 def size_bucket(nbytes: int) -> int:
     return max(nbytes, 1).bit_length() - 1
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,11 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
     return tuple(converted) if type(value) is tuple else type(value)(converted)
 
 
+def signature_of(arrays: list[np.ndarray]) -> str:
+    """The arrays' dtypes and ranks, e.g. ``"<f4:2,<f8:1"``."""
+    return ",".join(f"{array.dtype.str}:{array.ndim}" for array in arrays)
+
+
 @dataclass
 class ArgumentFacts:
     """What the cost model needs to know about one call's arguments (slow path only)."""
@@ -100,6 +106,12 @@ class ArgumentFacts:
     host_bytes: int = 0
     host_arrays: list[np.ndarray] = field(default_factory=list)
     device_ordinals: list[int] = field(default_factory=list)
+
+    @cached_property
+    def signature(self) -> str:
+        """:func:`signature_of` the host arrays (computed once: the adaptive model reads it
+        when deciding and again when learning)."""
+        return signature_of(self.host_arrays)
 
 
 def scan(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type) -> ArgumentFacts:

@@ -55,7 +55,8 @@ def unsupported_reason(arrays: Sequence[np.ndarray]) -> str | None:
     for array in arrays:
         if type(array) is not np.ndarray:
             return f"argument type {type(array).__name__} (an ndarray subclass) is not supported on GPU"
-        if array.dtype.newbyteorder("=") not in SUPPORTED_DTYPES:
+        dtype = array.dtype  # native dtypes are found as they are, without a new dtype
+        if dtype not in SUPPORTED_DTYPES and dtype.newbyteorder("=") not in SUPPORTED_DTYPES:
             return f"dtype {array.dtype} is not supported on GPU"
     return None
 

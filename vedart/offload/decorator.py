@@ -30,7 +30,7 @@ from vedart import lifecycle
 from vedart.config import FIELD_SPECS
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
 from vedart.gpu.transfer import Staged, TransferEngine, to_host, upload
-from vedart.offload.adaptive import ADAPTIVE_FLOOR, function_key, signature_of
+from vedart.offload.adaptive import ADAPTIVE_FLOOR, function_key
 from vedart.offload.arguments import (
     CONTAINER_DEPTH,
     ArgumentFacts,
@@ -235,7 +235,7 @@ class _Offload:
             else preferred_device.get(),
             forcing=forcing,
             size_rule=None if model is None else lambda: model.choose(
-                self.key, signature_of(facts.host_arrays), facts.host_bytes, peek=peek))
+                self.key, facts.signature, facts.host_bytes, peek=peek))
         if decision.path == "gpu" and self._signature is not None:
             problem = self._writes_problem(args, kwargs)
             if problem is not None:
@@ -262,7 +262,7 @@ class _Offload:
         if decision.path == "gpu" and not self._gpu_warm:
             self._gpu_warm = True
             return
-        runtime.cost_model.observe(self.key, signature_of(facts.host_arrays), facts.host_bytes,
+        runtime.cost_model.observe(self.key, facts.signature, facts.host_bytes,
                                    decision.path, seconds)
         if runtime.cost_model.revision != self._floor_revision:
             self._update_learned_floor(runtime)
