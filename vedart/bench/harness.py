@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import json
+import math
 import os
 import platform
 import statistics
@@ -49,27 +50,45 @@ def interleaved_medians(runs: dict[str, Callable[[], Any]], *, repeats: int,
                         warmup: dict[str, int] | None = None,
                         synchronize: dict[str, Callable[[], None]] | None = None
                         ) -> dict[str, float]:
-    """Median wall-clock seconds of each of ``runs``, timed in turn (one sample of each per
-    round, ``repeats`` rounds) so a slow spell of the machine affects all of them alike, in
-    the orders of :func:`round_orders`, so each run follows each other run equally often (on
-    the H100 the first GPU call after a millisecond of CPU work took 1.2-1.5x its usual time,
-    whoever made it). ``warmup[name]`` untimed runs first (default 1), ``synchronize[name]``
-    inside its spans."""
+    """Median wall-clock seconds of each of ``runs`` over ``repeats`` rounds of
+    :func:`interleaved_samples`."""
+    samples = interleaved_samples(runs, repeats=repeats, warmup=warmup, synchronize=synchronize)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def interleaved_samples(runs: dict[str, Callable[[], Any]], *, repeats: int,
+                        warmup: dict[str, int] | None = None,
+                        synchronize: dict[str, Callable[[], None]] | None = None,
+                        budget_s: float = 0.0, max_repeats: int = 0
+                        ) -> dict[str, list[float]]:
+    """Wall-clock seconds of each of ``runs``, timed in turn (one sample of each per round) so
+    a slow spell of the machine affects all of them alike, in the orders of
+    :func:`round_orders`, so each run follows each other run equally often (on the H100 the
+    first GPU call after a millisecond of CPU work took 1.2-1.5x its usual time, whoever made
+    it). At least ``repeats`` rounds; with ``budget_s``, further whole cycles of every order
+    until ``budget_s`` seconds of rounds have passed, up to ``max_repeats`` rounds in all (a
+    cheap case gets many samples; the stop is read from elapsed time, not from a first round
+    that may have been slow). ``warmup[name]`` untimed runs first (default 1),
+    ``synchronize[name]`` inside its spans."""
     warmup, synchronize = warmup or {}, synchronize or {}
     for name, run in runs.items():
         for _ in range(warmup.get(name, 1)):
             run()
         if name in synchronize:
             synchronize[name]()
+    cycle = math.factorial(len(runs))
     samples: dict[str, list[float]] = {name: [] for name in runs}
-    for order in round_orders(list(runs), repeats):
+    began = time.perf_counter()
+    for done, order in enumerate(round_orders(list(runs), max(repeats, max_repeats))):
+        if done >= repeats and done % cycle == 0 and time.perf_counter() - began >= budget_s:
+            break
         for name in order:
             started = time.perf_counter()
             runs[name]()
             if name in synchronize:
                 synchronize[name]()
             samples[name].append(time.perf_counter() - started)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
 
 
 def environment(device_name: str | None) -> dict[str, Any]:

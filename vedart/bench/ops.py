@@ -16,6 +16,7 @@ worst case <= 1.5, the static rule's figures from the same run beside it.
 from __future__ import annotations
 
 import math
+import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 import vedart as veda
-from vedart.bench.harness import interleaved_medians
+from vedart.bench.harness import interleaved_samples
 from vedart.offload.adaptive import EXPLORE_TRIES
 
 KB = 1024
@@ -32,9 +33,10 @@ SIZES = (64 * KB, 256 * KB, 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20)
 QUICK_SIZES = (256 * KB, 4 * 2**20, 64 * 2**20)
 WARMUP_CALLS = 2 * EXPLORE_TRIES + 2  # explore both paths, plus the unlearned first GPU run
 # A case gets as many rounds as fit in its phase's time budget (at least the suite's repeats,
-# at most MAX_ROUNDS): a median of 6 samples of a 0.3 ms call swung its regret from 1.26 to
-# 1.54 between runs on the H100, and 24 samples of a 0.2 ms call, whose middle half spans
-# 0.19-0.29 ms there, from 1.25 to 1.65 (2026-11-23); more rounds of a cheap case cost little.
+# at most MAX_ROUNDS, in whole cycles of the round orders): a median of 6 samples of a 0.3 ms
+# call swung its regret from 1.26 to 1.54 between runs on the H100, and 24 samples of a 0.2 ms
+# call, whose middle half spans 0.19-0.29 ms there, from 1.25 to 1.65 (2026-11-23). Sizing
+# the rounds from one first round failed when that round was slow (a 0.14 ms matmul got 24).
 PHASE_BUDGET_S = {True: 0.2, False: 0.5}  # by quick
 MAX_ROUNDS = 240
 
@@ -88,33 +90,24 @@ def make_input(dtype: str, rank: int, nbytes: int, seed: int) -> np.ndarray:
     return rng.standard_normal(count).astype(dtype)
 
 
-def rounds_for(round_s: float, repeats: int, budget_s: float) -> int:
-    """Rounds for a case whose round takes ``round_s``: enough to fill ``budget_s``, at least
-    ``repeats`` and at most ``MAX_ROUNDS``, in whole cycles of the six round orders."""
-    wanted = min(max(repeats, math.ceil(budget_s / max(round_s, 1e-9))), MAX_ROUNDS)
-    cycle = math.factorial(3)
-    return math.ceil(wanted / cycle) * cycle
-
-
 def _phase_times(func: Callable[[np.ndarray], Any], x: np.ndarray, path: str, repeats: int,
                  budget_s: float, warmup: int, cupy: Any | None
                  ) -> tuple[dict[str, float], str, int]:
     """Median seconds of NumPy, hand-written CuPy (end to end) and ``func`` under @gpu with the
     current runtime's cost model (``path``), taken in turn so that all three see the machine in
-    the same state; the reason of the last @gpu decision; and the rounds taken
-    (:func:`rounds_for`)."""
+    the same state; the reason of the last @gpu decision; and the rounds taken (at least
+    ``repeats``, more while ``budget_s`` lasts: ``harness.interleaved_samples``)."""
     wrapped = veda.gpu(func)
     runs = {"cpu": lambda: func(x), path: lambda: wrapped(x)}
     synchronize = {}
     if cupy is not None:
         runs["cupy"] = lambda: cupy.asnumpy(func(cupy.asarray(x)))
         synchronize["cupy"] = cupy.cuda.get_current_stream().synchronize
-    first_round = interleaved_medians(runs, repeats=1, warmup={"cupy": 2, path: warmup},
-                                      synchronize=synchronize)
-    rounds = rounds_for(sum(first_round.values()), repeats, budget_s)
-    times = interleaved_medians(runs, repeats=rounds, warmup=dict.fromkeys(runs, 0),
-                                synchronize=synchronize)
-    return times, wrapped.explain(x).reason, rounds  # type: ignore[attr-defined]
+    samples = interleaved_samples(runs, repeats=repeats, warmup={"cpu": 2, "cupy": 3, path: warmup + 1},
+                                  synchronize=synchronize, budget_s=budget_s,
+                                  max_repeats=MAX_ROUNDS)
+    times = {name: statistics.median(values) for name, values in samples.items()}
+    return times, wrapped.explain(x).reason, len(samples["cpu"])  # type: ignore[attr-defined]
 
 
 def _geomean(values: list[float]) -> float:
