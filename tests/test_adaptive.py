@@ -17,6 +17,7 @@ from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
     CLEARLY_WORSE,
     EXPLORE_TRIES,
+    RECHECK_CALLS,
     REVISIT_FIRST,
     SAMPLES_KEPT,
     AdaptiveModel,
@@ -99,23 +100,37 @@ def test_a_settled_bucket_rechecks_its_other_path_at_doubling_intervals() -> Non
     assert "samples)" in model.choose("f", SIG, 16 * MB)[1]  # settled: the first counted call
     choices = [model.choose("f", SIG, 16 * MB) for _ in range(REVISIT_FIRST * 7)]
     rechecks = [index for index, (path, _) in enumerate(choices) if path == "cpu"]
-    assert len(rechecks) == 3 and rechecks[0] < REVISIT_FIRST
-    assert [b - a for a, b in zip(rechecks, rechecks[1:])] == [2 * REVISIT_FIRST,
-                                                               4 * REVISIT_FIRST]
-    assert choices[rechecks[0]] == (
-        "cpu", f"adaptive: re-checking cpu at ~16.0 MB (gpu chosen; next check in "
-               f"{2 * REVISIT_FIRST} calls)")
+    starts = rechecks[::RECHECK_CALLS]  # each re-check: RECHECK_CALLS calls in a row
+    assert rechecks == [start + call for start in starts for call in range(RECHECK_CALLS)]
+    assert len(starts) == 3 and starts[0] < REVISIT_FIRST
+    assert [b - a for a, b in zip(starts, starts[1:])] == [
+        2 * REVISIT_FIRST + RECHECK_CALLS - 1, 4 * REVISIT_FIRST + RECHECK_CALLS - 1]
+    assert [choices[index] for index in rechecks[:2]] == [
+        ("cpu", f"adaptive: re-checking cpu at ~16.0 MB, call {call} of {RECHECK_CALLS} "
+                f"(gpu chosen; next check in {2 * REVISIT_FIRST} calls)") for call in (1, 2)]
+
+
+def test_a_rechecks_first_call_is_not_learned_from() -> None:
+    model = AdaptiveModel()
+    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2 * EXPLORE_TRIES)
+    cpu_samples = model._samples("f", SIG, size_bucket(16 * MB))["cpu"]
+    before = [seconds for seconds, _ in cpu_samples]
+    times = iter([0.050, 0.0097])  # the first call after many gpu calls wakes the cpu path
+    for _ in range(REVISIT_FIRST + RECHECK_CALLS):
+        path, _ = model.choose("f", SIG, 16 * MB)
+        model.observe("f", SIG, 16 * MB, path, next(times) if path == "cpu" else 0.0031)
+    assert [seconds for seconds, _ in cpu_samples] == before + [0.0097]
 
 
 def test_peeking_answers_as_the_next_call_would_without_counting() -> None:
     model = AdaptiveModel()
     feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2 * EXPLORE_TRIES)
     answers = []
-    for _ in range(REVISIT_FIRST + 1):
+    for _ in range(REVISIT_FIRST + RECHECK_CALLS):
         peeked = [model.choose("f", SIG, 16 * MB, peek=True) for _ in range(3)]
         answers.append(model.choose("f", SIG, 16 * MB))
         assert peeked == [answers[-1]] * 3  # explain() tells what the call then gets
-    assert [path for path, _ in answers].count("cpu") == 1
+    assert [path for path, _ in answers].count("cpu") == RECHECK_CALLS
 
 
 def test_a_path_timed_in_a_slow_spell_wins_back_once_rechecked() -> None:
@@ -125,7 +140,7 @@ def test_a_path_timed_in_a_slow_spell_wins_back_once_rechecked() -> None:
     chosen = feed(model, MB, {"cpu": 8e-5, "gpu": 2e-4}, calls=2 * REVISIT_FIRST)  # spell over
     first_cpu = chosen.index("cpu")
     assert first_cpu < REVISIT_FIRST
-    assert chosen[first_cpu:].count("gpu") <= 1  # settled on the cpu; the gpu is re-checked
+    assert chosen[first_cpu:].count("gpu") <= RECHECK_CALLS  # on the cpu; the gpu re-checked
 
 
 def test_generalises_to_an_unseen_size_from_fits_over_other_sizes() -> None:

@@ -10,9 +10,12 @@ the latest end-to-end times of each path and:
    ``CLEARLY_WORSE`` x the other's, or so predicted by fits over several other sizes);
 2. exploits: otherwise it takes the path with the lower typical time (the lower median of
    its kept samples: one slow sample does not condemn a path, one lucky sample does not
-   crown it), except that it re-checks the other path once after ``REVISIT_FIRST`` calls,
+   crown it), except that it re-checks the other path after ``REVISIT_FIRST`` calls,
    then after twice as many each time (up to ``REVISIT_MAX``), so a path timed during a slow
-   spell is timed again. Calls below the size under which a function is settled on the CPU
+   spell is timed again. A re-check runs the other path on ``RECHECK_CALLS`` consecutive
+   calls and learns from all but the first: the first call of a path after a long run of the
+   other pays for waking it (NumPy's BLAS threads, cold caches), which is not what the path
+   costs once chosen. Calls below the size under which a function is settled on the CPU
    take the @gpu fast path and never reach the model, so those sizes are not re-checked;
 3. generalises: a bucket with no samples for a path is predicted by a per-path fit
    ``time = a + b * bytes`` over the function's other buckets, else by the calibration profile
@@ -46,6 +49,7 @@ CLEARLY_WORSE = 2.0
 SAMPLES_KEPT = 8
 REVISIT_FIRST = 16   # a settled bucket runs its other path once after this many calls, ...
 REVISIT_MAX = 4096   # ... then after twice as many each time, up to this
+RECHECK_CALLS = 2    # consecutive calls of a re-check; the first is not learned from
 SAVE_INTERVAL_S = 30.0  # the profile is written at most this often, and when the runtime closes
 ADAPTIVE_FLOOR = 64 * 1024  # default threshold under the adaptive model: below it, the fast path
 
@@ -81,11 +85,14 @@ def size_bucket(nbytes: int) -> int:
 @dataclass(slots=True)
 class _Revisit:
     """When a settled bucket next runs its other path: after ``calls_left`` more calls (the
-    current ``interval``), while ``chosen`` is its choice."""
+    current ``interval``), while ``chosen`` is its choice; ``recheck_left`` more calls of a
+    re-check under way, and ``unlearned`` samples of the other path still to be dropped."""
 
     calls_left: int
     interval: int
     chosen: str
+    recheck_left: int = 0
+    unlearned: int = 0
 
 
 def typical(samples: list[list[float]]) -> list[float]:
@@ -187,7 +194,7 @@ class AdaptiveModel:
     def _revisit_or(self, choice: tuple[str, str], where: tuple[str, str, int], nbytes: int,
                     peek: bool) -> tuple[str, str]:
         """``choice``, except that every so many calls of a settled bucket the other path runs
-        once: a path's evidence is its recent times, and ones measured during a slow spell
+        (``RECHECK_CALLS`` calls in a row): a path's evidence is its recent times, and ones measured during a slow spell
         (a cold thread pool, another tenant) would otherwise never be measured again. The
         interval starts at ``REVISIT_FIRST`` calls and doubles up to ``REVISIT_MAX``, so a
         path that really is slower costs little; it starts afresh when the choice changes.
@@ -198,16 +205,23 @@ class AdaptiveModel:
             state = _Revisit(REVISIT_FIRST, REVISIT_FIRST, choice[0])
             if not peek:
                 self._revisits[where] = state
-        if state.calls_left > 1:
+        if state.recheck_left == 0 and state.calls_left > 1:
             if not peek:
                 state.calls_left -= 1
             return choice
-        interval = min(2 * state.interval, REVISIT_MAX)
-        if not peek:
-            state.calls_left = state.interval = interval
+        if state.recheck_left > 0:
+            interval, call = state.interval, RECHECK_CALLS - state.recheck_left + 1
+            if not peek:
+                state.recheck_left -= 1
+        else:
+            interval, call = min(2 * state.interval, REVISIT_MAX), 1
+            if not peek:
+                state.calls_left = state.interval = interval
+                state.recheck_left, state.unlearned = RECHECK_CALLS - 1, 1
         other = "cpu" if choice[0] == "gpu" else "gpu"
-        return other, (f"adaptive: re-checking {other} at ~{format_bytes(nbytes)} "
-                       f"({choice[0]} chosen; next check in {interval} calls)")
+        return other, (f"adaptive: re-checking {other} at ~{format_bytes(nbytes)}, call {call} "
+                       f"of {RECHECK_CALLS} ({choice[0]} chosen; next check in {interval} "
+                       f"calls)")
 
     def _fits_if_needed(self, key: str, signature: str, samples: dict[str, list[list[float]]]
                         ) -> dict[str, Callable[[int], float] | None] | None:
@@ -265,6 +279,10 @@ class AdaptiveModel:
         bucket = size_bucket(nbytes)
         where = (key, signature, bucket)
         with self._lock:
+            revisit = self._revisits.get(where)
+            if revisit is not None and revisit.unlearned and path != revisit.chosen:
+                revisit.unlearned -= 1  # a re-check's first call: the path was waking up
+                return
             samples = self._samples(key, signature, bucket)
             kept, other = samples[path], samples["gpu" if path == "cpu" else "cpu"]
             before = typical(kept)[0] if kept else math.inf
