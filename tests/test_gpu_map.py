@@ -380,7 +380,7 @@ def test_a_failed_pipeline_drops_the_calls_it_cancelled() -> None:
         pipeline.collect()
     assert caught.value.index == 0
     del caught  # its frames hold the failed call
-    lanes = runtime.scheduler.gpu_lanes(lambda: None).devices[0]
+    lanes = runtime.scheduler.lanes("threads", lambda: None).devices[0]
     deadline = time.monotonic() + 5
     while lanes.in_flight and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -427,7 +427,7 @@ def test_an_idle_lane_keeps_no_results_alive() -> None:
     results = par_iter(items(6, 2 * MB)).gpu_map(FakeOffload(lambda item: item * 2)).collect()
     alive = [weakref.ref(result) for result in results]
     del results
-    lanes = runtime.scheduler.gpu_lanes(lambda: None).devices[0]
+    lanes = runtime.scheduler.lanes("threads", lambda: None).devices[0]
     deadline = time.monotonic() + 5
     while lanes.in_flight and time.monotonic() < deadline:
         time.sleep(0.005)

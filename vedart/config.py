@@ -51,6 +51,8 @@ class Config:
       gpu_memory_fraction [1.0]: share of each device's memory the pool may take, 0 < f <= 1.
       pinned_memory_limit [25% of RAM]: bytes of page-locked host memory vedart may hold.
       scheduler ["threads"]: "threads" or "dask".
+      device_processes [True]: a gpu_map over several devices runs each device's items in a
+        worker process of its own (docs/par_iter.md); False keeps every lane in this process.
       dask_address [None]: address of a Dask scheduler; None starts a local cluster.
       progress [False]: show progress bars in par_iter terminals.
       log_level [None]: level of the ``vedart`` logger; None leaves logging alone.
@@ -72,6 +74,7 @@ class Config:
     gpu_memory_fraction: float = 1.0
     pinned_memory_limit: int = field(default_factory=_default_pinned_limit)
     scheduler: str = "threads"
+    device_processes: bool = True
     dask_address: str | None = None
     progress: bool = False
     log_level: str | None = None
@@ -83,6 +86,11 @@ class Config:
             object.__setattr__(self, spec.name, spec.validate(getattr(self, spec.name)))
         known_sources = {name: self.sources.get(name, "default") for name in FIELD_SPECS}
         object.__setattr__(self, "sources", MappingProxyType(known_sources))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its field values and their sources (for device worker processes)."""
+        return (_config_from, ({name: getattr(self, name) for name in FIELD_SPECS},
+                               dict(self.sources)))
 
     @staticmethod
     def builder() -> ConfigBuilder:
@@ -96,6 +104,10 @@ class Config:
             for name in FIELD_SPECS
             for value in [getattr(self, name)]
         }
+
+
+def _config_from(values: dict[str, Any], sources: dict[str, str]) -> Config:
+    return Config(**values, sources=sources)
 
 
 # --- validation: one function per kind of field -------------------------------------------
@@ -262,6 +274,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
         FieldSpec("gpu_memory_fraction", "a number f with 0 < f <= 1", _check_fraction, float),
         FieldSpec("pinned_memory_limit", ALLOWED_SIZE_TEXT, _check_size, _identity),
         _choice_spec("scheduler", ("threads", "dask")),
+        _bool_spec("device_processes"),
         FieldSpec("dask_address", "None or a non-empty address string such as "
                   "'tcp://10.0.0.5:8786'", _check_optional_text, _identity),
         _bool_spec("progress"),
@@ -325,6 +338,9 @@ class ConfigBuilder:
 
     def dask_address(self, address: str | None) -> ConfigBuilder:
         return self._set("dask_address", address)
+
+    def device_processes(self, enabled: bool) -> ConfigBuilder:
+        return self._set("device_processes", enabled)
 
     def progress(self, enabled: bool) -> ConfigBuilder:
         return self._set("progress", enabled)

@@ -127,6 +127,7 @@ class TransferEngine:
         self._idle_rings: dict[int, list[StagingRing]] = defaultdict(list)
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
+        self._registered: list[tuple[int, int]] = []  # [start, end) of register_host ranges
 
     def _fill_pool(self) -> ThreadPoolExecutor:
         """The staging threads (started on first use); RuntimeError once closed."""
@@ -151,14 +152,38 @@ class TransferEngine:
         with self._lock:
             self._idle_rings[ring.device].append(ring)
 
+    def register_host(self, address: int, nbytes: int) -> None:
+        """Page-lock ``nbytes`` of host memory at ``address``, which the caller owns and keeps
+        until :meth:`close` (a worker process's shared input ring): arrays inside it go to the
+        device in one asynchronous copy, never staged. The caller must not change such an
+        array before the stream its upload was ordered on has been synchronised."""
+        import cupy
+
+        cupy.cuda.runtime.hostRegister(address, nbytes, cupy.cuda.runtime.hostRegisterPortable)
+        with self._lock:
+            self._registered.append((address, address + nbytes))
+
+    def _in_registered(self, array: np.ndarray) -> bool:
+        if not self._registered:
+            return False
+        start = array.__array_interface__["data"][0]
+        return any(low <= start and start + array.nbytes <= high
+                   for low, high in self._registered)
+
     def to_device(self, array: np.ndarray) -> Any:
         """A CuPy copy of ``array`` on the current device, ordered on the current stream."""
         import cupy
 
         array = native_byte_order(array)
+        layout = contiguous_layout(array)
+        if layout is not None and self._in_registered(array):
+            target = cupy.empty(array.shape, array.dtype, order=layout)
+            cupy.cuda.runtime.memcpyAsync(target.data.ptr, array.ctypes.data, array.nbytes,
+                                          cupy.cuda.runtime.memcpyHostToDevice,
+                                          cupy.cuda.get_current_stream().ptr)
+            return target
         if array.nbytes < self.tuning.pool_from:
             return cupy.asarray(array)
-        layout = contiguous_layout(array)
         if layout is None:
             array, layout = np.ascontiguousarray(array), "C"
         ring = self._take_ring(cupy.cuda.Device().id)
@@ -175,9 +200,11 @@ class TransferEngine:
         return target
 
     def stages(self, array: np.ndarray) -> bool:
-        """Whether :meth:`stage` would copy ``array`` ahead (a mid-size array; smaller ones go
-        direct and larger ones stream through the staging ring at upload)."""
-        return self.tuning.stage_from <= array.nbytes < self.tuning.pool_from
+        """Whether :meth:`stage` would copy ``array`` ahead (a mid-size array outside
+        :meth:`register_host` memory; smaller ones go direct and larger ones stream through
+        the staging ring at upload)."""
+        return (self.tuning.stage_from <= array.nbytes < self.tuning.pool_from
+                and not self._in_registered(array))
 
     def stage(self, array: np.ndarray) -> Staged | np.ndarray:
         """A pinned copy of ``array`` when :meth:`stages` says so and the pinned limit allows,
@@ -289,6 +316,13 @@ class TransferEngine:
         if executor is not None:
             executor.shutdown(wait=True)
         self.empty_cache()
+        with self._lock:
+            registered, self._registered = self._registered, []
+        if registered:
+            import cupy
+
+            for address, _ in registered:
+                cupy.cuda.runtime.hostUnregister(address)
 
 
 def _engine() -> TransferEngine | None:

@@ -373,7 +373,7 @@ def gpu_lanes_for(runtime: Runtime, scheduler: Scheduler) -> GpuLanes:
     def fits(nbytes: int, free_bytes: int) -> bool:
         return config.memory_headroom * nbytes <= free_bytes * config.gpu_memory_fraction
 
-    return scheduler.gpu_lanes(lambda: GpuLanes(
+    return scheduler.lanes("threads", lambda: GpuLanes(
         [device.ordinal for device in gpu_context.devices], STREAMS_PER_DEVICE, CudaBinding(),
         fits))
 

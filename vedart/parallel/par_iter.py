@@ -36,7 +36,9 @@ from vedart.parallel.adapters import Chunk, Enumerate, Skip, Take, Zip
 from vedart.parallel.batch import Batch, ItemFailure, Reader, SourceReader
 from vedart.parallel.elementwise import KINDS, Step, fuse
 from vedart.parallel.gpu_lanes import current_lane
+from vedart.parallel.device_workers import DeviceWorkers, function_payload
 from vedart.parallel.gpu_map import GpuFunction, GpuMapReader, gpu_lanes_for, offloaded
+from vedart.parallel.process_gpu_map import ProcessGpuMapReader
 from vedart.parallel.progress import Progress, open_progress
 from vedart.parallel.scheduler import ChunkPolicy, ParallelReader
 
@@ -346,8 +348,20 @@ class ParIter(Generic[T]):
         assert runtime.gpu
         if stage.argument is not None:
             runtime.gpu.device(stage.argument)  # DeviceError naming the runtime's devices
-        return GpuMapReader(upstream, cast(GpuFunction, stage.function), stage.label, runtime,
-                            runtime.scheduler, gpu_lanes_for(runtime, runtime.scheduler),
+        wrapper = cast(GpuFunction, stage.function)
+        if stage.argument is None and len(runtime.gpu.devices) > 1 \
+                and runtime.config.device_processes:
+            payload = function_payload(wrapper)
+            workers = device_workers_for(runtime) if payload is not None else None
+            if payload is not None and workers is not None and workers.acquire():
+                try:
+                    return ProcessGpuMapReader(upstream, wrapper, stage.label, runtime, workers,
+                                               payload, ChunkPolicy(self._chunk_size))
+                except BaseException:
+                    workers.release()
+                    raise
+        return GpuMapReader(upstream, wrapper, stage.label, runtime, runtime.scheduler,
+                            gpu_lanes_for(runtime, runtime.scheduler),
                             ChunkPolicy(self._chunk_size), stage.argument)
 
     def _known_length(self) -> int | None:
@@ -355,6 +369,14 @@ class ParIter(Generic[T]):
                                                    for stage in self._stages):
             return len(self._source)
         return None
+
+
+def device_workers_for(runtime: Runtime) -> DeviceWorkers:
+    """The runtime's device worker processes, started on first use (see DeviceWorkers)."""
+    assert runtime.gpu
+    ordinals = [device.ordinal for device in runtime.gpu.devices]
+    return runtime.scheduler.lanes("processes",
+                                   lambda: DeviceWorkers(ordinals, runtime.config))
 
 
 def _as_step(stage: _Stage, runtime: Runtime) -> Step | None:

@@ -22,16 +22,22 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError
 from contextvars import copy_context
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from vedart.errors import ParIterError
 from vedart.parallel.batch import Batch, Reader, Stage
 from vedart.parallel.task import Task
 
-if TYPE_CHECKING:
-    from vedart.parallel.gpu_lanes import GpuLanes
-
 R = TypeVar("R")
+
+
+class Lanes(Protocol):
+    """Execution resources the scheduler owns beside its workers (GPU lanes)."""
+
+    def shutdown(self) -> None: ...
+
+
+L = TypeVar("L", bound=Lanes)
 
 TARGET_TASK_SECONDS = 0.002  # long enough to amortise a task's ~20 us, short enough to cancel fast
 MAX_CHUNK = 8192             # items per task, which also bounds memory per task
@@ -40,7 +46,7 @@ WINDOW_PER_THREAD = 2        # tasks in flight per worker: one running, one read
 
 class Scheduler:
     """A pool of ``threads`` daemon worker threads taking :class:`Task` objects in FIFO order,
-    plus the GPU lanes, created on first use by ``gpu_map``."""
+    plus the GPU lanes, created on first use by ``gpu_map`` (:meth:`lanes`)."""
 
     def __init__(self, threads: int) -> None:
         self.threads = threads
@@ -48,7 +54,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._idle = 0
         self._closed = False
-        self._gpu_lanes: GpuLanes | None = None
+        self._lanes: dict[str, Lanes] = {}
         self._workers = [threading.Thread(target=self._work, name=f"vedart-worker-{number}",
                                           daemon=True) for number in range(threads)]
         for worker in self._workers:
@@ -72,14 +78,16 @@ class Scheduler:
         with self._lock:
             return max(self._idle - self._queue.qsize(), 0)
 
-    def gpu_lanes(self, create: Callable[[], GpuLanes]) -> GpuLanes:
-        """The GPU lanes, made by ``create()`` on first use; ParIterError after shutdown."""
+    def lanes(self, kind: str, create: Callable[[], L]) -> L:
+        """The lanes of ``kind`` ("threads": the GPU lanes of this process; "processes": one
+        worker process per device), made by ``create()`` on first use and shut down with the
+        scheduler; ParIterError after shutdown."""
         with self._lock:
             if self._closed:
                 raise shut_down_error()
-            if self._gpu_lanes is None:
-                self._gpu_lanes = create()
-            return self._gpu_lanes
+            if kind not in self._lanes:
+                self._lanes[kind] = create()
+            return cast(L, self._lanes[kind])
 
     def shutdown(self) -> None:
         """Cancel queued tasks, stop the GPU lanes, let running tasks finish and join the
@@ -89,7 +97,7 @@ class Scheduler:
             if self._closed:
                 return
             self._closed = True
-            lanes = self._gpu_lanes
+            lanes = list(self._lanes.values())
         while True:
             try:
                 task = self._queue.get_nowait()
@@ -99,8 +107,8 @@ class Scheduler:
                 task.cancel()
         for _ in self._workers:
             self._queue.put(None)
-        if lanes is not None:
-            lanes.shutdown()
+        for each in lanes:
+            each.shutdown()
         current = threading.current_thread()
         for worker in self._workers:
             if worker is not current:
@@ -183,7 +191,11 @@ class WindowedReader(Stage):
             if self._deferred is not None:
                 raise self._deferred
             return None
-        return wait_for(self._tasks.popleft())
+        return self._await(self._tasks.popleft())
+
+    def _await(self, task: Task[Batch]) -> Batch:
+        """The batch of the oldest task in flight, once it is done."""
+        return wait_for(task)
 
     @abstractmethod
     def _fill(self) -> None:

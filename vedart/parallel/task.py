@@ -76,6 +76,11 @@ class Task(Generic[R]):
                 self._finished.set()
             return self._state == _CANCELLED
 
+    def wait(self, timeout: float) -> bool:
+        """Whether the task finished (or was cancelled) within ``timeout`` seconds; never runs
+        it here."""
+        return self._finished.wait(timeout)
+
     def result(self) -> R:
         """Wait for the value (running the task here if helpable and still queued); re-raise
         its exception; CancelledError when it was cancelled."""

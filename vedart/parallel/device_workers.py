@@ -1,0 +1,470 @@
+"""One worker process per GPU, for a ``gpu_map`` over several devices.
+
+In one process every lane thread shares the interpreter lock with the others and with the
+staging threads, so on the H200x2 two GPUs ran a gpu_map at 0.81-0.89x the speed of one.
+Here each device gets a process of its own (a fresh interpreter started with ``subprocess`` on
+first use and kept until the runtime shuts down; not ``multiprocessing``, whose spawn re-runs
+the caller's main script in the child), running vedart's ordinary ``gpu_map`` on that one
+device. Its function travels by reference, so it must be importable by the worker: a function
+of the main script (``__main__``) is not, and such a gpu_map keeps its lanes in-process.
+
+Items travel through a shared-memory input ring per device (:class:`ByteRing` spans, the
+worker having page-locked the ring with ``cudaHostRegister``): the parent pickles an item with
+protocol 5, copies its array buffers into the ring on the transfer engine's staging threads
+and sends the small rest through a pipe; the worker rebuilds the item around views of the
+ring and uploads its arrays straight from there. Results come back pickled through the pipe,
+with where the item ran. The parent copies each input once, as in-process staging does.
+
+Protocol over a socket pair (parent -> worker): ``("start", ordinal, config, ring name)``
+once, then ``("function", payload)`` sets the function of the items that
+follow; ``("item", seq, meta, spans)`` sends one item; ``("flush",)`` ends a segment (the
+worker finishes the items it holds and sends their results); ``("noop",)`` fills the place of
+an item that never left the parent; ``None`` stops the worker. Worker -> parent:
+``("ready", pid)`` or ``("failed", text)`` once, then ``("result", seq, ok, value, where)``
+per item. The worker reads items lazily, so the parent flushes before it waits for ring space:
+otherwise a worker waiting for its next item would hold back the results that free the ring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from multiprocessing import resource_tracker
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vedart.errors import OffloadError
+from vedart.parallel.byte_ring import ByteRing, aligned
+
+if TYPE_CHECKING:
+    from vedart.config import Config
+    from vedart.runtime import Runtime
+
+logger = logging.getLogger("vedart")
+
+MIB = 2**20
+RING_BYTES = 256 * MIB    # per device: 64 items of 4 MB in flight
+WORKER_THREADS = 4        # a worker's CPU threads (its CPU items and hybrid work)
+START_TIMEOUT_S = 120.0   # a worker imports NumPy, CuPy and vedart and opens its device
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What became of one item in a worker: ``value`` is the result, or the exception when
+    not ``ok``; ``where`` is (path, lane, started, finished) as the worker's telemetry placed
+    it (None when it has none)."""
+
+    ok: bool
+    value: Any
+    where: tuple[str, int | None, float, float] | None = None
+
+
+def encode(item: Any) -> tuple[bytes, list[memoryview]]:
+    """``item`` pickled (protocol 5) without its contiguous array buffers, and those buffers."""
+    buffers: list[pickle.PickleBuffer] = []
+    meta = pickle.dumps(item, protocol=5, buffer_callback=buffers.append)
+    return meta, [buffer.raw() for buffer in buffers]
+
+
+def payload_bytes(buffers: list[memoryview]) -> int:
+    """Ring bytes the buffers take, each span aligned."""
+    return sum(aligned(buffer.nbytes) for buffer in buffers)
+
+
+def write_buffers(ring: np.ndarray, offset: int, buffers: list[memoryview]
+                  ) -> list[tuple[int, int]]:
+    """Copy ``buffers`` into the uint8 ``ring`` from ``offset``; their (start, size) spans."""
+    spans = []
+    for buffer in buffers:
+        np.copyto(ring[offset:offset + buffer.nbytes], np.frombuffer(buffer, np.uint8))
+        spans.append((offset, buffer.nbytes))
+        offset += aligned(buffer.nbytes)
+    return spans
+
+
+def decode(meta: bytes, ring: memoryview, spans: list[tuple[int, int]]) -> Any:
+    """The item of :func:`encode`, its arrays views of ``ring``."""
+    return pickle.loads(meta, buffers=[ring[start:start + size] for start, size in spans])
+
+
+def function_payload(wrapper: Any) -> bytes | None:
+    """How a worker gets the @gpu ``wrapper`` of a gpu_map: the wrapper itself by reference (a
+    module-level @veda.gpu function), else its function by reference with its options; None
+    when neither pickles (a lambda, a closure) or it lives in ``__main__``: the items then
+    stay in this process."""
+    function = getattr(wrapper, "__wrapped__", None)
+    if getattr(function, "__module__", "__main__") == "__main__":
+        return None
+    for candidate in (wrapper, (function, getattr(wrapper, "gpu_options", None))):
+        try:
+            return pickle.dumps(candidate)
+        except Exception:  # noqa: BLE001  # any pickling failure means: not by reference
+            continue
+    return None
+
+
+# --- the worker process ---------------------------------------------------------------------
+
+
+def _attach(name: str) -> SharedMemory:
+    """The parent's ring, without this process's resource tracker unlinking it at exit."""
+    memory = SharedMemory(name=name)
+    resource_tracker.unregister(memory._name, "shared_memory")  # type: ignore[attr-defined]
+    return memory
+
+
+def _load_function(payload: bytes) -> Callable[[Any], Any]:
+    from vedart.offload.decorator import gpu
+
+    loaded = pickle.loads(payload)
+    if isinstance(loaded, tuple):
+        function, options = loaded
+        return gpu(**dataclasses.asdict(options))(function)  # type: ignore[no-any-return]
+    return loaded  # type: ignore[no-any-return]
+
+
+def worker_main(handle: int) -> None:
+    """A worker process's life (``python -c`` with the socket's file descriptor ``handle``):
+    the start message, the device it names only (``CUDA_VISIBLE_DEVICES``, before CUDA is
+    loaded), a runtime from its config, then the protocol of the module docstring until
+    ``None``."""
+    conn = Connection(handle)
+    _, ordinal, config, ring_name = conn.recv()
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(ordinal)
+    try:
+        from vedart import lifecycle
+
+        ring = _attach(ring_name)
+        runtime = lifecycle.init(config)
+        if runtime.gpu:
+            assert runtime.gpu.transfers is not None
+            runtime.gpu.transfers.register_host(_address(ring.buf), ring.size)
+    except BaseException as error:  # noqa: BLE001  # reported to the parent, which falls back
+        conn.send(("failed", f"{type(error).__name__}: {error}"))
+        return
+    conn.send(("ready", os.getpid()))
+    function: Callable[[Any], Any] | None = None
+    try:
+        while (message := conn.recv()) is not None:
+            if message[0] == "function":
+                function = _load_function(message[1])
+            elif message[0] == "item":
+                assert function is not None, "an item before its function"
+                _run_segment(conn, function, ring.buf, runtime, message)
+    except EOFError:  # the parent went away
+        pass
+    finally:
+        lifecycle.shutdown()
+        ring.close()
+
+
+def _address(view: memoryview) -> int:
+    import ctypes
+
+    anchor = ctypes.c_char.from_buffer(view)  # dropped on return, releasing the buffer
+    return ctypes.addressof(anchor)
+
+
+def _run_segment(conn: Connection, function: Callable[[Any], Any], ring: memoryview,
+                 runtime: Runtime, first: tuple[Any, ...]) -> None:
+    """One gpu_map over the items from ``first`` up to the next flush, sending each result."""
+    from vedart.parallel.par_iter import par_iter
+
+    seqs: deque[int] = deque()
+
+    def items() -> Iterator[Any]:
+        message = first
+        while message[0] != "flush":
+            if message[0] == "item":
+                _, seq, meta, spans = message
+                try:
+                    item = decode(meta, ring, spans)
+                except Exception as error:  # noqa: BLE001  # that item fails, not the segment
+                    _send_result(conn, seq, Outcome(False, error))
+                else:
+                    seqs.append(seq)
+                    yield item
+            message = conn.recv()
+
+    telemetry = runtime.telemetry
+    seen = sum(telemetry.placement_counts().values())
+    with par_iter(items()).gpu_map(function)._batches() as batches:
+        for batch in batches:
+            total = sum(telemetry.placement_counts().values())
+            recent = telemetry.placements()[-(total - seen):] if total > seen else []
+            seen = total
+            where = {p.item: (p.path, p.lane, p.started, p.finished) for p in recent}
+            for position, (value, origin) in enumerate(zip(batch.items, batch.origins)):
+                failure = batch.failures.get(position)
+                outcome = Outcome(True, value) if failure is None else Outcome(False,
+                                                                              failure.error)
+                _send_result(conn, seqs.popleft(), dataclasses.replace(
+                    outcome, where=where.get(origin)))
+
+
+def _send_result(conn: Connection, seq: int, outcome: Outcome) -> None:
+    try:
+        data = pickle.dumps(("result", seq, outcome))
+    except Exception as error:  # noqa: BLE001  # an unpicklable result or exception
+        kind = "result" if outcome.ok else "exception"
+        data = pickle.dumps(("result", seq, Outcome(False, RuntimeError(
+            f"the item's {kind} cannot be sent back from its worker process: {error}; "
+            f"it was: {outcome.value!r}"[:2000]), outcome.where)))
+    conn.send_bytes(data)
+
+
+# --- the parent's side ----------------------------------------------------------------------
+
+
+class DeviceWorker:
+    """The parent's handle on one worker process: its ring, its pipe, the items in flight.
+
+    Thread-safe: items are reserved by the pipeline's thread, written and sent from the
+    staging threads (in reservation order), and their outcomes delivered by a receiver
+    thread."""
+
+    def __init__(self, ordinal: int, config: Config, ring_bytes: int | None = None) -> None:
+        ring_bytes = RING_BYTES if ring_bytes is None else ring_bytes
+        self.ordinal = ordinal
+        self._memory = SharedMemory(create=True, size=ring_bytes)
+        self._ring = ByteRing(ring_bytes)
+        self._changed = threading.Condition()
+        self._next_seq = 0
+        self._next_send = 0
+        self._outbox: dict[int, tuple[Any, ...]] = {}
+        self._in_ring: deque[int] = deque()  # seqs holding ring spans, oldest first
+        self._arrived: set[int] = set()
+        self._deliver: dict[int, Callable[[Outcome], None]] = {}
+        self._unflushed = False  # items were reserved since the last flush
+        self.broken: str | None = None
+        self._ring_bytes = np.ndarray((ring_bytes,), np.uint8, buffer=self._memory.buf)
+        ours, theirs = socket.socketpair()
+        self._conn = Connection(ours.detach())
+        self._process: subprocess.Popen[bytes] | None = None
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", "from vedart.parallel.device_workers import "
+                 f"worker_main; worker_main({theirs.fileno()})"],
+                pass_fds=(theirs.fileno(),), env=_worker_environment())
+            theirs.close()
+            self._conn.send(("start", ordinal, config, self._memory.name))
+            if not self._conn.poll(START_TIMEOUT_S):
+                raise OffloadError(f"the worker process for device {ordinal} did not start "
+                                   f"within {START_TIMEOUT_S:.0f} s")
+            status, detail = self._conn.recv()
+            if status != "ready":
+                raise OffloadError(f"the worker process for device {ordinal} failed to start: "
+                                   f"{detail}")
+        except BaseException:
+            self._stop()
+            raise
+        self._receiver = threading.Thread(target=self._receive, daemon=True,
+                                          name=f"vedart-device-{ordinal}-results")
+        self._receiver.start()
+
+    @property
+    def in_flight(self) -> int:
+        """Items sent or being sent whose outcome has not arrived."""
+        return len(self._deliver)
+
+    def fits(self, nbytes: int) -> bool:
+        return self._ring.fits(nbytes)
+
+    def begin(self, payload: bytes) -> None:
+        """Send the function of the items that follow (before them, in order)."""
+        with self._changed:
+            self._queue(("function", payload))
+
+    def reserve(self, nbytes: int, deliver: Callable[[Outcome], None]) -> tuple[int, int]:
+        """(seq, ring offset) of ``nbytes`` for an item whose outcome goes to ``deliver``;
+        waits for older items to free the ring (flushing first, see the module docstring).
+        OffloadError when the worker is broken."""
+        with self._changed:
+            flushed = False
+            while True:
+                if self.broken is not None:
+                    raise OffloadError(self.broken)
+                offset = self._ring.allocate(nbytes)
+                if offset is not None:
+                    break
+                if not flushed:
+                    self._flush()
+                    flushed = True
+                self._changed.wait()
+            seq = self._next_seq
+            self._next_seq += 1
+            self._unflushed = True
+            self._in_ring.append(seq)
+            self._deliver[seq] = deliver
+            return seq, offset
+
+    def send(self, seq: int, offset: int, meta: bytes, buffers: list[memoryview]) -> None:
+        """Copy a reserved item's buffers into the ring (NumPy releases the interpreter lock
+        while it copies) and send it, after every item reserved before it. On failure the item
+        gets that failure as its outcome."""
+        try:
+            spans = write_buffers(self._ring_bytes, offset, buffers)
+        except Exception as error:  # noqa: BLE001  # delivered as the item's failure
+            self._settle(seq, Outcome(False, error), ("noop",))
+            return
+        with self._changed:
+            self._outbox[seq] = ("item", seq, meta, spans)
+            self._drain()
+
+    def flush(self) -> None:
+        """Have the worker finish the items it holds (a pipeline's end, or a parent about to
+        wait for them); nothing when no item was reserved since the last flush."""
+        with self._changed:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._unflushed:
+            self._queue(("flush",))
+            self._unflushed = False
+
+    def _queue(self, message: tuple[Any, ...]) -> None:
+        """Send ``message`` after every item reserved so far (the caller holds the lock)."""
+        self._outbox[self._next_seq] = message
+        self._next_seq += 1
+        self._drain()
+
+    def _drain(self) -> None:
+        while self._next_send in self._outbox and self.broken is None:
+            try:
+                self._conn.send(self._outbox.pop(self._next_send))
+            except (OSError, ValueError) as error:
+                self._break(f"the worker process for device {self.ordinal} cannot be "
+                            f"reached: {error}")
+                return
+            self._next_send += 1
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                _, seq, outcome = pickle.loads(self._conn.recv_bytes())
+            except (EOFError, OSError):
+                assert self._process is not None
+                code = self._process.poll()
+                with self._changed:
+                    self._break(f"the worker process for device {self.ordinal} exited "
+                                f"(exit code {code})")
+                return
+            except Exception as error:  # noqa: BLE001  # an outcome the parent cannot load
+                logger.warning("a result from device %d's worker could not be loaded: %s",
+                               self.ordinal, error)
+                continue
+            self._settle(seq, outcome)
+
+    def _settle(self, seq: int, outcome: Outcome, message: tuple[Any, ...] | None = None
+                ) -> None:
+        """Deliver an item's outcome, free ring spans in order, wake waiting reservations."""
+        with self._changed:
+            deliver = self._deliver.pop(seq, None)
+            if message is not None:
+                self._outbox[seq] = message
+                self._drain()
+            self._arrived.add(seq)
+            while self._in_ring and self._in_ring[0] in self._arrived:
+                self._arrived.discard(self._in_ring.popleft())
+                self._ring.release()
+            self._changed.notify_all()
+        if deliver is not None:
+            deliver(outcome)
+
+    def _break(self, reason: str) -> None:
+        """Mark the worker unusable and fail its items in flight (the caller holds the lock)."""
+        if self.broken is not None:
+            return
+        self.broken = reason
+        pending, self._deliver = self._deliver, {}
+        self._changed.notify_all()
+        for deliver in pending.values():
+            deliver(Outcome(False, OffloadError(reason)))
+
+    def shutdown(self) -> None:
+        with self._changed:
+            if self.broken is None:
+                self._outbox[self._next_seq] = None  # type: ignore[assignment]
+                self._next_seq += 1
+                self._drain()
+            self._break("the runtime shut down")
+        self._stop()
+
+    def _stop(self) -> None:
+        if not hasattr(self, "_ring_bytes"):  # stopped already
+            return
+        if self._process is not None:
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(5)
+        self._conn.close()
+        del self._ring_bytes  # the ring's one export: closing needs none left
+        self._memory.close()
+        self._memory.unlink()
+
+
+def _worker_environment() -> dict[str, str]:
+    """This process's environment, with this process's import path as the worker's (so the
+    worker imports vedart and the gpu_map function's module from where this process did)."""
+    environment = dict(os.environ)
+    paths = [str(Path(entry or os.getcwd()).resolve()) for entry in sys.path
+             if Path(entry or os.getcwd()).is_dir()]
+    inherited = environment.get("PYTHONPATH")
+    environment["PYTHONPATH"] = os.pathsep.join(paths + ([inherited] if inherited else []))
+    return environment
+
+
+class DeviceWorkers:
+    """The runtime's worker processes, one per device, started together on first use. One
+    pipeline uses them at a time (:meth:`acquire`); another meanwhile runs in-process, as do
+    all when they could not start (``unavailable`` says why; logged once)."""
+
+    def __init__(self, ordinals: list[int], config: Config) -> None:
+        worker_config = dataclasses.replace(
+            config, devices=None, threads=min(WORKER_THREADS, config.threads),
+            progress=False, device_processes=False)
+        self.workers: list[DeviceWorker] = []
+        self.unavailable: str | None = None
+        self._busy = threading.Lock()
+        try:
+            for ordinal in ordinals:
+                self.workers.append(DeviceWorker(ordinal, worker_config))
+        except Exception as error:  # noqa: BLE001  # gpu_map keeps its lanes in-process
+            self.unavailable = f"device worker processes unavailable: {error}"
+            logger.warning("%s; gpu_map runs every device's lane in this process",
+                           self.unavailable)
+            self.shutdown()
+
+    def acquire(self) -> bool:
+        """Take the workers for one pipeline; False when another has them, they could not
+        start, or one broke."""
+        if self.unavailable is not None or not self._busy.acquire(blocking=False):
+            return False
+        if any(worker.broken is not None for worker in self.workers):
+            self._busy.release()
+            return False
+        return True
+
+    def release(self) -> None:
+        self._busy.release()
+
+    def least_loaded(self) -> DeviceWorker:
+        return min(self.workers, key=lambda worker: (worker.in_flight, worker.ordinal))
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            worker.shutdown()

@@ -1,0 +1,164 @@
+"""The ``gpu_map`` stage over device worker processes (:mod:`vedart.parallel.device_workers`):
+used when a gpu_map spans several devices, ``Config.device_processes`` is on and the function
+can travel by reference.
+
+Per item, in input order, on the thread that drives the pipeline: pickle it apart from its
+array buffers, reserve ring space on the worker with the fewest items in flight (waiting for
+space when every ring is full), and hand the copy into the ring and the send to the transfer
+engine's staging threads. The worker's own gpu_map decides and runs the item on its device
+and sends the outcome back; the item's task completes then, its placement recorded. An item
+too large for a ring runs in this process through the @gpu wrapper.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from vedart.parallel.batch import Batch, ItemFailure, Reader
+from vedart.parallel.device_workers import (
+    DeviceWorker,
+    DeviceWorkers,
+    Outcome,
+    encode,
+    payload_bytes,
+)
+from vedart.parallel.scheduler import ChunkPolicy, WindowedReader, in_context, wait_for
+from vedart.parallel.task import Task
+from vedart.telemetry import Placement
+
+if TYPE_CHECKING:
+    from vedart.parallel.gpu_map import GpuFunction
+    from vedart.runtime import Runtime
+
+ITEMS_PER_DEVICE = 64  # tasks in flight per worker (each also bounded by its ring)
+# Waiting this long for the oldest item flushes the workers: a worker whose gpu_map reads ahead
+# for more items than this stage has sent would otherwise never finish the ones it holds.
+STALL_S = 0.005
+
+
+class _Slot:
+    """Where an item's outcome lands before its task turns it into a batch."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self) -> None:
+        self.outcome: Outcome | None = None
+
+
+class ProcessGpuMapReader(WindowedReader):
+    """The gpu_map stage on device worker processes (see the module docstring)."""
+
+    def __init__(self, upstream: Reader, wrapper: GpuFunction, label: str, runtime: Runtime,
+                 workers: DeviceWorkers, payload: bytes, chunks: ChunkPolicy) -> None:
+        super().__init__(upstream, ITEMS_PER_DEVICE * len(workers.workers))
+        self._wrapper = wrapper
+        self.label = label
+        self._workers = workers
+        self._chunks = chunks
+        self._scheduler = runtime.scheduler
+        assert runtime.gpu and runtime.gpu.transfers is not None
+        self._engine = runtime.gpu.transfers
+        self._telemetry = runtime.telemetry if runtime.telemetry.enabled else None
+        self._inbox = Batch([], [])
+        self._position = 0
+        self._closed = False
+        for worker in workers.workers:
+            worker.begin(payload)
+
+    def _fill(self) -> None:
+        while self._has_room():
+            if self._position == len(self._inbox):
+                batch = self._upstream.read(self._chunks.size)
+                if batch is None:
+                    self._ended = True
+                    self._flush()
+                    return
+                self._inbox, self._position = batch, 0
+            position = self._position
+            self._position += 1
+            self._dispatch(self._inbox.items[position], self._inbox.origins[position])
+
+    def _dispatch(self, item: Any, origin: int) -> None:
+        if isinstance(item, ItemFailure):
+            self._push(Task.completed(Batch([item], [origin], {0: item})))
+            return
+        try:
+            meta, buffers = encode(item)
+        except Exception as error:
+            self._push(Task.completed(self._failed(origin, error)))
+            return
+        nbytes = payload_bytes(buffers)
+        worker = self._workers.least_loaded()
+        if not worker.fits(nbytes):
+            self._push(self._scheduler.submit(Task(in_context(self._run_here, item, origin))))
+            return
+        slot = _Slot()
+        task: Task[Batch] = Task(partial(self._landed, slot, origin, worker), helpable=False)
+
+        def deliver(outcome: Outcome) -> None:
+            slot.outcome = outcome
+            if task.claim():  # not cancelled meanwhile
+                task.run()
+
+        try:
+            seq, offset = worker.reserve(nbytes, deliver)
+        except Exception as error:  # a broken worker
+            self._push(Task.completed(self._failed(origin, error)))
+            return
+        send = partial(worker.send, seq, offset, meta, buffers)
+        try:
+            self._engine.submit_staging(send)
+        except RuntimeError:  # the engine is closing with its runtime: copy here
+            send()
+        self._push(task)
+
+    def _landed(self, slot: _Slot, origin: int, worker: DeviceWorker) -> Batch:
+        outcome = slot.outcome
+        assert outcome is not None
+        if self._telemetry is not None and outcome.where is not None:
+            path, lane, started, finished = outcome.where
+            self._telemetry.record_placement(Placement(
+                self.label, origin, path, worker.ordinal if path == "gpu" else None, lane,
+                started, finished))
+        if outcome.ok:
+            return Batch([outcome.value], [origin])
+        return self._failed(origin, outcome.value)
+
+    def _failed(self, origin: int, error: BaseException) -> Batch:
+        failure = ItemFailure(origin, self.label, error)
+        return Batch([failure], [origin], {0: failure})
+
+    def _run_here(self, item: Any, origin: int) -> Batch:
+        started = time.perf_counter()
+        try:
+            call = self._wrapper.plan_call(item)
+            value = call.run()
+        except Exception as error:
+            return self._failed(origin, error)
+        if self._telemetry is not None:
+            decision = call.decision
+            self._telemetry.record_placement(Placement(
+                self.label, origin, decision.path, decision.device, None, started,
+                time.perf_counter()))
+        return Batch([value], [origin])
+
+    def _await(self, task: Task[Batch]) -> Batch:
+        if not task.wait(STALL_S):
+            self._flush()
+        return wait_for(task)
+
+    def _flush(self) -> None:
+        for worker in self._workers.workers:
+            worker.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            super().close()
+            self._flush()
+        finally:
+            self._workers.release()
