@@ -146,7 +146,9 @@ def fake_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def fake_gpus(count: int = 2, threads: int = 2, **probe_options: Any) -> veda.Runtime:
-    return veda.init(veda.Config.builder().threads(threads).build(),
+    """Fake devices with every lane in this process (tests/test_device_workers.py covers the
+    worker processes of several devices)."""
+    return veda.init(veda.Config.builder().threads(threads).device_processes(False).build(),
                      device_probe=FakeProbe(count, **probe_options))
 
 

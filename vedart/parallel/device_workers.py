@@ -157,12 +157,15 @@ def worker_main(handle: int) -> None:
     conn.send(("ready", os.getpid()))
     function: Callable[[Any], Any] | None = None
     try:
-        while (message := conn.recv()) is not None:
+        message = conn.recv()
+        while message is not None:
             if message[0] == "function":
                 function = _load_function(message[1])
             elif message[0] == "item":
                 assert function is not None, "an item before its function"
-                _run_segment(conn, function, ring.buf, runtime, message)
+                if not _run_segment(conn, function, ring.buf, runtime, message):
+                    break
+            message = conn.recv()
     except EOFError:  # the parent went away
         pass
     finally:
@@ -178,15 +181,17 @@ def _address(view: memoryview) -> int:
 
 
 def _run_segment(conn: Connection, function: Callable[[Any], Any], ring: memoryview,
-                 runtime: Runtime, first: tuple[Any, ...]) -> None:
-    """One gpu_map over the items from ``first`` up to the next flush, sending each result."""
+                 runtime: Runtime, first: tuple[Any, ...]) -> bool:
+    """One gpu_map over the items from ``first`` up to the next flush, sending each result;
+    False when the parent asked the worker to stop instead."""
     from vedart.parallel.par_iter import par_iter
 
     seqs: deque[int] = deque()
+    stop: list[bool] = []
 
     def items() -> Iterator[Any]:
-        message = first
-        while message[0] != "flush":
+        message: tuple[Any, ...] | None = first
+        while message is not None and message[0] != "flush":
             if message[0] == "item":
                 _, seq, meta, spans = message
                 try:
@@ -197,6 +202,8 @@ def _run_segment(conn: Connection, function: Callable[[Any], Any], ring: memoryv
                     seqs.append(seq)
                     yield item
             message = conn.recv()
+        if message is None:
+            stop.append(True)
 
     telemetry = runtime.telemetry
     seen = sum(telemetry.placement_counts().values())
@@ -212,6 +219,7 @@ def _run_segment(conn: Connection, function: Callable[[Any], Any], ring: memoryv
                                                                               failure.error)
                 _send_result(conn, seqs.popleft(), dataclasses.replace(
                     outcome, where=where.get(origin)))
+    return not stop
 
 
 def _send_result(conn: Connection, seq: int, outcome: Outcome) -> None:
@@ -356,7 +364,10 @@ class DeviceWorker:
                 _, seq, outcome = pickle.loads(self._conn.recv_bytes())
             except (EOFError, OSError):
                 assert self._process is not None
-                code = self._process.poll()
+                try:
+                    code: int | None = self._process.wait(5)  # closed its end: exiting
+                except subprocess.TimeoutExpired:
+                    code = None
                 with self._changed:
                     self._break(f"the worker process for device {self.ordinal} exited "
                                 f"(exit code {code})")

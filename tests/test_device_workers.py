@@ -1,0 +1,173 @@
+"""gpu_map over several devices, one worker process per device, without a GPU: the parent's
+devices are faked (FakeProbe) and the workers, finding no GPU, run their gpu_map on the CPU;
+everything between them (the ring, the protocol, order, errors, shutdown) is what runs on a
+multi-GPU machine. Also the ring allocator and the item encoding on their own."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+import worker_functions as wf
+from fakes import FakeProbe
+
+import vedart as veda
+from vedart.parallel import device_workers
+from vedart.parallel.byte_ring import ALIGN, ByteRing, aligned
+from vedart.parallel.device_workers import decode, encode, function_payload, write_buffers
+from vedart.parallel.gpu_map import offloaded
+from vedart.parallel.par_iter import par_iter
+from vedart.parallel import gpu_map
+
+
+def two_fake_gpus(**options: Any) -> veda.Runtime:
+    builder = veda.Config.builder().cost_model("static").threads(2)
+    for name, value in options.items():
+        builder = getattr(builder, name)(value)
+    return veda.init(builder.build(), device_probe=FakeProbe(count=2))
+
+
+def worker_pids(runtime: veda.Runtime) -> list[int]:
+    workers = runtime.scheduler.lanes("processes", lambda: None)
+    return [worker._process.pid for worker in workers.workers]
+
+
+# --- the ring ------------------------------------------------------------------------------
+
+def test_ring_spans_are_aligned_allocated_in_order_and_released_oldest_first() -> None:
+    ring = ByteRing(10 * ALIGN)
+    assert [ring.allocate(n) for n in (1, ALIGN + 1, 3 * ALIGN)] == [0, ALIGN, 3 * ALIGN]
+    assert ring.allocate(5 * ALIGN) is None  # 4 free at the end, none before the oldest
+    ring.release()  # frees [0, ALIGN)
+    assert ring.allocate(4 * ALIGN) == 6 * ALIGN
+    assert ring.allocate(ALIGN) == 0  # wrapped into the released span
+    assert ring.allocate(ALIGN) is None and ring.in_use == 4
+    assert aligned(0) == ALIGN and aligned(ALIGN + 1) == 2 * ALIGN
+
+
+def test_ring_wraps_to_the_start_and_never_overlaps_a_span_in_use() -> None:
+    ring = ByteRing(8 * ALIGN)
+    first, second = ring.allocate(4 * ALIGN), ring.allocate(3 * ALIGN)
+    assert (first, second) == (0, 4 * ALIGN)
+    assert ring.allocate(2 * ALIGN) is None  # 1 free at the end, 0 before the oldest
+    ring.release()
+    assert ring.allocate(2 * ALIGN) == 0  # wrapped: before the oldest span
+    assert ring.allocate(2 * ALIGN) == 2 * ALIGN
+    assert ring.allocate(ALIGN) is None  # up to the oldest, which starts at 4 * ALIGN
+    with pytest.raises(ValueError, match="at most 512"):
+        ring.allocate(9 * ALIGN)
+    assert not ring.fits(9 * ALIGN) and ring.fits(8 * ALIGN)
+
+
+# --- items and functions ---------------------------------------------------------------------
+
+def test_items_round_trip_through_the_ring_with_their_arrays_out_of_band() -> None:
+    rng = np.random.default_rng(0)
+    item = {"c": rng.random((3, 4)), "f": np.asfortranarray(rng.random((5, 2)).astype(np.float32)),
+            "big_endian": np.arange(6, dtype=">i4"), "strided": np.arange(20)[::3],
+            "other": ("text", 7)}
+    meta, buffers = encode(item)
+    assert len(buffers) == 3  # the strided view is copied in-band, the rest are not
+    ring = np.zeros(4096, np.uint8)
+    spans = write_buffers(ring, 128, buffers)
+    assert all(start % ALIGN == 0 for start, _ in spans)
+    back = decode(meta, memoryview(ring), spans)
+    for key in ("c", "f", "big_endian", "strided"):
+        assert back[key].dtype == item[key].dtype and np.array_equal(back[key], item[key])
+    assert back["f"].flags.f_contiguous and back["other"] == ("text", 7)
+    assert np.shares_memory(back["c"], ring)  # a view of the ring, not a copy
+
+
+def test_only_functions_a_worker_can_import_travel() -> None:
+    payload = function_payload(offloaded(wf.fails_on_seven, None))
+    function, options = pickle.loads(payload)  # the plain function, by reference
+    assert function is wf.fails_on_seven and options.force is None
+    assert pickle.loads(function_payload(wf.forced_cpu_pid)) is wf.forced_cpu_pid
+    assert function_payload(offloaded(lambda x: x, None)) is None
+
+    def main_script_function(x: Any) -> Any:
+        return x
+
+    main_script_function.__module__ = "__main__"
+    assert function_payload(offloaded(main_script_function, None)) is None
+
+
+# --- pipelines over worker processes -------------------------------------------------------
+
+def test_items_run_in_one_worker_process_per_device_in_input_order() -> None:
+    runtime = two_fake_gpus()
+    rng = np.random.default_rng(1)
+    items = [{"x": rng.random((50, 8)), "scale": i, "label": f"item {i}"} for i in range(40)]
+    results = par_iter(items).gpu_map(wf.scaled_sum).collect()
+    for result, item in zip(results, items):
+        np.testing.assert_allclose(result[0], item["x"].sum(axis=0) * item["scale"])
+        assert result[1] == item["label"]
+    pids = worker_pids(runtime)
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    ran_in = set(par_iter([np.ones(4)] * 20).gpu_map(wf.forced_cpu_pid).collect())
+    assert ran_in <= set(pids) and len(ran_in) == 2  # both workers took items
+
+
+def test_a_failed_item_names_its_index_and_the_workers_stay_usable() -> None:
+    two_fake_gpus()
+    arrays = [np.full(3, i, dtype=np.int64) for i in range(12)]
+    pipeline = par_iter(arrays).gpu_map(wf.fails_on_seven)
+    with pytest.raises(veda.ParIterError) as caught:
+        pipeline.collect()
+    assert caught.value.index == 7 and isinstance(caught.value.__cause__, ArithmeticError)
+    assert "item seven" in str(caught.value.__cause__)
+    returned = pipeline.collect(errors="return")
+    assert isinstance(returned[7], ArithmeticError)
+    assert [r.tolist() for i, r in enumerate(returned) if i != 7] == \
+        [(a * 2).tolist() for i, a in enumerate(arrays) if i != 7]
+    assert len(pipeline.collect(errors="skip")) == 11
+
+
+def test_a_small_ring_makes_the_parent_wait_and_large_items_run_here(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_workers, "RING_BYTES", 64 * 1024)
+    two_fake_gpus()
+    rng = np.random.default_rng(2)
+    arrays = [rng.random(1000) for _ in range(60)]  # 8 KB each: a few fit a ring at a time
+    arrays[5] = rng.random(20_000)  # 160 KB: larger than a ring, runs in this process
+    assert [r.tolist() for r in par_iter(arrays).gpu_map(wf.fails_on_seven).collect()] == \
+        [(a * 2).tolist() for a in arrays]
+
+
+@pytest.fixture
+def fake_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process lanes on fake streams (no CUDA here)."""
+    from test_gpu_map import FakeBinding
+
+    monkeypatch.setattr(gpu_map, "CudaBinding", FakeBinding)
+
+
+def test_a_worker_that_dies_fails_its_items_and_later_pipelines_stay_in_process(
+        fake_lanes: None) -> None:
+    runtime = two_fake_gpus()
+    arrays = [np.full(2, i) for i in range(8)]
+    with pytest.raises(veda.ParIterError) as caught:
+        par_iter(arrays).gpu_map(wf.exits_the_worker).collect()
+    assert "exited (exit code 3)" in str(caught.value.__cause__)
+    workers = runtime.scheduler.lanes("processes", lambda: None)
+    assert not workers.acquire()  # broken: the next gpu_map runs its lanes in-process
+    assert par_iter(arrays).gpu_map(wf.forced_cpu_pid).collect() == [os.getpid()] * 8
+
+
+def test_shutdown_stops_the_workers_and_frees_their_rings() -> None:
+    runtime = two_fake_gpus()
+    assert len(par_iter([np.ones(3)] * 4).gpu_map(wf.forced_cpu_pid).collect()) == 4
+    workers = runtime.scheduler.lanes("processes", lambda: None).workers
+    veda.shutdown()
+    assert all(worker._process.poll() is not None for worker in workers)
+    with pytest.raises(FileNotFoundError):
+        device_workers.SharedMemory(name=workers[0]._memory.name)
+
+
+def test_device_processes_off_keeps_every_lane_in_this_process(fake_lanes: None) -> None:
+    runtime = two_fake_gpus(device_processes=False)
+    assert par_iter([np.ones(2)] * 3).gpu_map(wf.forced_cpu_pid).collect() == [os.getpid()] * 3
+    assert "processes" not in runtime.scheduler._lanes
