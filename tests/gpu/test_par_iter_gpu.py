@@ -134,6 +134,13 @@ def test_two_gpus_both_take_items(gpu_runtime: veda.Runtime) -> None:
     counts = placements(runtime)
     assert set(counts) == {("gpu", 0), ("gpu", 1)} and sum(counts.values()) == 64
     assert min(counts.values()) >= 8, counts
+    workers = runtime.scheduler.lanes("processes", lambda: None)  # one process per device ran them
+    assert workers.unavailable is None and [w.ordinal for w in workers.workers] == [0, 1]
+    in_process = veda.init(veda.Config.builder().devices([0, 1]).cost_model("static")
+                           .device_processes(False).build())
+    assert_same(par_iter(mats).gpu_map(process).collect(), [process(M) for M in mats])
+    assert set(placements(in_process)) == {("gpu", 0), ("gpu", 1)}
+    assert "processes" not in in_process.scheduler._lanes
 
 
 def test_benchmark_checks_results_and_reports_ratios() -> None:

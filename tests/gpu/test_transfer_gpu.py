@@ -168,7 +168,8 @@ def test_no_leak_after_1000_offloaded_calls() -> None:
 
     runtime = veda.init(veda.Config.builder().pinned_memory_limit("1GB").cost_model("static").build())
     assert runtime.gpu
-    f = veda.gpu(lambda x: x * 2 + 1)
+    device = runtime.gpu.devices[0].ordinal  # the device whose statistics are read below
+    f = veda.gpu(device=device)(lambda x: x * 2 + 1)
     x = np.random.default_rng().random(1_000_000)  # 8 MB: staged in, pinned out
     np.testing.assert_allclose(f(x), x * 2 + 1)
     gc.collect()
@@ -178,7 +179,7 @@ def test_no_leak_after_1000_offloaded_calls() -> None:
         f(x)
     gc.collect()
     assert pool.used_bytes() == baseline_used
-    stats = runtime.gpu.get_memory_stats()
+    stats = runtime.gpu.get_memory_stats(device)
     assert stats["pinned_used_mb"] * MB <= 10**9
     assert stats["peak_allocated_mb"] >= 8_000_000 / MB
     assert 0.0 <= stats["fragmentation"] <= 1.0
@@ -198,3 +199,24 @@ def test_gpu_memory_fraction_out_of_memory_falls_back_to_cpu() -> None:
     last = runtime.telemetry.recent()[-1]
     assert last.path == "fallback" and "OutOfMemoryError" in last.reason
     veda.shutdown()  # lifts the pool limit for the tests that follow
+
+
+def test_registered_host_memory_goes_straight_to_the_device(engine: TransferEngine) -> None:
+    import cupy
+
+    host = np.zeros(48 * MB, np.uint8)  # a worker's input ring, in miniature
+    engine.register_host(host.ctypes.data, host.nbytes)
+    small = np.ndarray((1000, 1000), np.float32, buffer=host, offset=0)
+    large = np.ndarray((20 * MB // 8,), np.float64, buffer=host, offset=8 * MB)  # > pool_from
+    rng = np.random.default_rng(5)
+    small[...] = rng.random(small.shape, dtype=np.float32)
+    large[...] = rng.random(large.shape)
+    outside = rng.random(300_000)
+    assert not engine.stages(small) and engine.stages(outside[:200_000].copy())
+    for array in (small, large, np.asfortranarray(small[:10]), outside):
+        device = engine.to_device(array)
+        cupy.cuda.get_current_stream().synchronize()
+        assert device.dtype == array.dtype and np.array_equal(device.get(), array)
+    engine.close()  # unregisters: registering the same memory again is allowed
+    cupy.cuda.runtime.hostRegister(host.ctypes.data, host.nbytes, 1)
+    cupy.cuda.runtime.hostUnregister(host.ctypes.data)

@@ -41,6 +41,7 @@ from vedart import lifecycle
 from vedart.gpu.pinned import PinnedPool
 
 MIB = 2**20
+HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable (CuPy names no constant for it)
 T = TypeVar("T")
 
 
@@ -159,7 +160,7 @@ class TransferEngine:
         array before the stream its upload was ordered on has been synchronised."""
         import cupy
 
-        cupy.cuda.runtime.hostRegister(address, nbytes, cupy.cuda.runtime.hostRegisterPortable)
+        cupy.cuda.runtime.hostRegister(address, nbytes, HOST_REGISTER_PORTABLE)
         with self._lock:
             self._registered.append((address, address + nbytes))
 

@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from multiprocessing import resource_tracker
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vedart.errors import OffloadError
+from vedart.errors import OffloadError, OffloadWarning
 from vedart.parallel.byte_ring import ByteRing, aligned
 
 if TYPE_CHECKING:
@@ -456,8 +457,8 @@ class DeviceWorkers:
                 self.workers.append(DeviceWorker(ordinal, worker_config))
         except Exception as error:  # noqa: BLE001  # gpu_map keeps its lanes in-process
             self.unavailable = f"device worker processes unavailable: {error}"
-            logger.warning("%s; gpu_map runs every device's lane in this process",
-                           self.unavailable)
+            warnings.warn(f"{self.unavailable}; gpu_map runs every device's lane in this "
+                          "process", OffloadWarning, stacklevel=2)
             self.shutdown()
 
     def acquire(self) -> bool:
