@@ -17,7 +17,13 @@ from fakes import FakeProbe
 import vedart as veda
 from vedart.parallel import device_workers
 from vedart.parallel.byte_ring import ALIGN, ByteRing, aligned
-from vedart.parallel.device_workers import decode, encode, function_payload, write_buffers
+from vedart.parallel.device_workers import (
+    PlacementFeed,
+    decode,
+    encode,
+    function_payload,
+    write_buffers,
+)
 from vedart.parallel.gpu_map import offloaded
 from vedart.parallel.par_iter import par_iter
 from vedart.parallel import gpu_map
@@ -165,6 +171,24 @@ def test_shutdown_stops_the_workers_and_frees_their_rings() -> None:
     assert all(worker._process.poll() is not None for worker in workers)
     with pytest.raises(FileNotFoundError):
         device_workers.SharedMemory(name=workers[0]._memory.name)
+
+
+def test_a_worker_reports_where_each_item_ran_though_lanes_place_items_ahead(
+        fake_lanes: None) -> None:
+    # What a worker does per delivered batch, on fake lanes in this process.
+    from test_gpu_map import MB, FakeOffload, first_times_ten
+    from test_gpu_map import items as lane_items
+
+    runtime = veda.init(veda.Config.builder().threads(2).device_processes(False).build(),
+                        device_probe=FakeProbe(1))
+    for _ in range(2):  # the feed starts from the placements made before it
+        placed = PlacementFeed(runtime.telemetry)
+        pipeline = par_iter(iter(lane_items(48, 2 * MB))).gpu_map(
+            FakeOffload(first_times_ten, gpu_seconds=0.001))
+        with pipeline._batches() as batches:
+            where = [placed.take(origin) for batch in batches for origin in batch.origins]
+        assert all(w is not None and w[0] == "gpu" and w[2] <= w[3] for w in where)
+        assert len(where) == 48
 
 
 def test_device_processes_off_keeps_every_lane_in_this_process(fake_lanes: None) -> None:

@@ -201,22 +201,22 @@ def test_gpu_memory_fraction_out_of_memory_falls_back_to_cpu() -> None:
     veda.shutdown()  # lifts the pool limit for the tests that follow
 
 
-def test_registered_host_memory_goes_straight_to_the_device(engine: TransferEngine) -> None:
+def test_registered_host_memory_goes_straight_to_the_device(
+        engine: TransferEngine, staging_engine: TransferEngine) -> None:
     import cupy
 
     host = np.zeros(48 * MB, np.uint8)  # a worker's input ring, in miniature
-    engine.register_host(host.ctypes.data, host.nbytes)
     small = np.ndarray((1000, 1000), np.float32, buffer=host, offset=0)
-    large = np.ndarray((20 * MB // 8,), np.float64, buffer=host, offset=8 * MB)  # > pool_from
+    large = np.ndarray((20 * MB // 8,), np.float64, buffer=host, offset=8 * MB)
     rng = np.random.default_rng(5)
     small[...] = rng.random(small.shape, dtype=np.float32)
     large[...] = rng.random(large.shape)
     outside = rng.random(300_000)
-    assert not engine.stages(small) and engine.stages(outside[:200_000].copy())
+    staging_engine.register_host(host.ctypes.data, host.nbytes)
+    assert not staging_engine.stages(small) and staging_engine.stages(outside)
+    staging_engine.close()  # unregisters, so another engine may register the same memory
+    engine.register_host(host.ctypes.data, host.nbytes)  # its ring takes arrays from 1 MiB
     for array in (small, large, np.asfortranarray(small[:10]), outside):
         device = engine.to_device(array)
         cupy.cuda.get_current_stream().synchronize()
         assert device.dtype == array.dtype and np.array_equal(device.get(), array)
-    engine.close()  # unregisters: registering the same memory again is allowed
-    cupy.cuda.runtime.hostRegister(host.ctypes.data, host.nbytes, 1)
-    cupy.cuda.runtime.hostUnregister(host.ctypes.data)

@@ -52,6 +52,7 @@ from vedart.parallel.byte_ring import ByteRing, aligned
 if TYPE_CHECKING:
     from vedart.config import Config
     from vedart.runtime import Runtime
+    from vedart.telemetry import Telemetry
 
 logger = logging.getLogger("vedart")
 
@@ -206,21 +207,37 @@ def _run_segment(conn: Connection, function: Callable[[Any], Any], ring: memoryv
         if message is None:
             stop.append(True)
 
-    telemetry = runtime.telemetry
-    seen = sum(telemetry.placement_counts().values())
+    placed = PlacementFeed(runtime.telemetry)
     with par_iter(items()).gpu_map(function)._batches() as batches:
         for batch in batches:
-            total = sum(telemetry.placement_counts().values())
-            recent = telemetry.placements()[-(total - seen):] if total > seen else []
-            seen = total
-            where = {p.item: (p.path, p.lane, p.started, p.finished) for p in recent}
             for position, (value, origin) in enumerate(zip(batch.items, batch.origins)):
                 failure = batch.failures.get(position)
                 outcome = Outcome(True, value) if failure is None else Outcome(False,
                                                                               failure.error)
                 _send_result(conn, seqs.popleft(), dataclasses.replace(
-                    outcome, where=where.get(origin)))
+                    outcome, where=placed.take(origin)))
     return not stop
+
+
+class PlacementFeed:
+    """Where the items of one pipeline ran, by source index, as its gpu_map placed them in
+    ``telemetry`` (placements made from now on). Lanes place items before they are
+    delivered, often several batches ahead, so a placement waits here for its item."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+        self._seen = sum(telemetry.placement_counts().values())
+        self._where: dict[int, tuple[str, int | None, float, float]] = {}
+
+    def take(self, origin: int) -> tuple[str, int | None, float, float] | None:
+        """(path, lane, started, finished) of item ``origin``, or None when none was made."""
+        if origin not in self._where:
+            total = sum(self._telemetry.placement_counts().values())
+            if total > self._seen:
+                self._where.update((p.item, (p.path, p.lane, p.started, p.finished))
+                                   for p in self._telemetry.placements()[-(total - self._seen):])
+                self._seen = total
+        return self._where.pop(origin, None)
 
 
 def _send_result(conn: Connection, seq: int, outcome: Outcome) -> None:
