@@ -99,6 +99,8 @@ def test_only_functions_a_worker_can_import_travel() -> None:
 
     main_script_function.__module__ = "__main__"
     assert function_payload(offloaded(main_script_function, None)) is None
+    for options in ({"writes": ("x",)}, {"returns": "device"}):  # results for this process
+        assert function_payload(veda.gpu(**options)(wf.fails_on_seven)) is None
 
 
 # --- pipelines over worker processes -------------------------------------------------------
@@ -194,4 +196,12 @@ def test_a_worker_reports_where_each_item_ran_though_lanes_place_items_ahead(
 def test_device_processes_off_keeps_every_lane_in_this_process(fake_lanes: None) -> None:
     runtime = two_fake_gpus(device_processes=False)
     assert par_iter([np.ones(2)] * 3).gpu_map(wf.forced_cpu_pid).collect() == [os.getpid()] * 3
+    assert "processes" not in runtime.scheduler._lanes
+
+
+def test_a_force_block_keeps_the_items_in_this_process(fake_lanes: None) -> None:
+    runtime = two_fake_gpus()
+    with veda.force("cpu"):  # the block's forcing could not reach a worker
+        assert par_iter([np.ones(2)] * 3).gpu_map(wf.forced_cpu_pid).collect() == \
+            [os.getpid()] * 3
     assert "processes" not in runtime.scheduler._lanes

@@ -103,13 +103,16 @@ def decode(meta: bytes, ring: memoryview, spans: list[tuple[int, int]]) -> Any:
 
 def function_payload(wrapper: Any) -> bytes | None:
     """How a worker gets the @gpu ``wrapper`` of a gpu_map: the wrapper itself by reference (a
-    module-level @veda.gpu function), else its function by reference with its options; None
-    when neither pickles (a lambda, a closure) or it lives in ``__main__``: the items then
-    stay in this process."""
+    module-level @veda.gpu function), else its function by reference with its options. None,
+    and the items stay in this process, when neither pickles (a lambda, a closure), it lives
+    in ``__main__``, or its results must reach this process's own arrays or device
+    (``writes=``, ``returns="device"``)."""
     function = getattr(wrapper, "__wrapped__", None)
-    if getattr(function, "__module__", "__main__") == "__main__":
+    options = getattr(wrapper, "gpu_options", None)
+    if getattr(function, "__module__", "__main__") == "__main__" or (
+            options is not None and (options.writes or options.returns == "device")):
         return None
-    for candidate in (wrapper, (function, getattr(wrapper, "gpu_options", None))):
+    for candidate in (wrapper, (function, options)):
         try:
             return pickle.dumps(candidate)
         except Exception:  # noqa: BLE001  # any pickling failure means: not by reference

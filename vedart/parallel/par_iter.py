@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from vedart.errors import ConfigError
 from vedart.lifecycle import get_runtime
+from vedart.offload.force import forced_path
 from vedart.parallel.adapters import Chunk, Enumerate, Skip, Take, Zip
 from vedart.parallel.batch import Batch, ItemFailure, Reader, SourceReader
+from vedart.parallel.device_workers import DeviceWorkers, function_payload
 from vedart.parallel.elementwise import KINDS, Step, fuse
 from vedart.parallel.gpu_lanes import current_lane
-from vedart.parallel.device_workers import DeviceWorkers, function_payload
 from vedart.parallel.gpu_map import GpuFunction, GpuMapReader, gpu_lanes_for, offloaded
 from vedart.parallel.process_gpu_map import ProcessGpuMapReader
 from vedart.parallel.progress import Progress, open_progress
@@ -350,7 +351,7 @@ class ParIter(Generic[T]):
             runtime.gpu.device(stage.argument)  # DeviceError naming the runtime's devices
         wrapper = cast(GpuFunction, stage.function)
         if stage.argument is None and len(runtime.gpu.devices) > 1 \
-                and runtime.config.device_processes:
+                and runtime.config.device_processes and forced_path.get() is None:
             payload = function_payload(wrapper)
             workers = device_workers_for(runtime) if payload is not None else None
             if payload is not None and workers is not None and workers.acquire():
