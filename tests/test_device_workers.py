@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
+import time
+import types
 from typing import Any
 
 import numpy as np
@@ -99,8 +102,16 @@ def test_only_functions_a_worker_can_import_travel() -> None:
 
     main_script_function.__module__ = "__main__"
     assert function_payload(offloaded(main_script_function, None)) is None
-    for options in ({"writes": ("x",)}, {"returns": "device"}):  # results for this process
+    for options in ({"writes": ("x",)}, {"returns": "device"}, {"device": 0}):
         assert function_payload(veda.gpu(**options)(wf.fails_on_seven)) is None
+
+
+def test_a_worker_is_given_its_device_as_this_process_sees_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # a job scheduler's share of a node
+    assert [device_workers._visible_device(n) for n in (0, 1)] == ["2", "3"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert device_workers._visible_device(1) == "1"
 
 
 # --- pipelines over worker processes -------------------------------------------------------
@@ -137,12 +148,44 @@ def test_a_failed_item_names_its_index_and_the_workers_stay_usable() -> None:
 def test_a_small_ring_makes_the_parent_wait_and_large_items_run_here(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(device_workers, "RING_BYTES", 64 * 1024)
+    full = []
+    allocate = device_workers.ByteRing.allocate
+
+    def noting_full_rings(ring: ByteRing, nbytes: int) -> int | None:
+        offset = allocate(ring, nbytes)
+        full.append(offset is None)
+        return offset
+
+    monkeypatch.setattr(device_workers.ByteRing, "allocate", noting_full_rings)
     two_fake_gpus()
     rng = np.random.default_rng(2)
-    arrays = [rng.random(1000) for _ in range(60)]  # 8 KB each: a few fit a ring at a time
+    arrays = [rng.random(1000) for _ in range(200)]  # 8 KB each: 8 fit a ring at a time
     arrays[5] = rng.random(20_000)  # 160 KB: larger than a ring, runs in this process
+    pids = par_iter(arrays).gpu_map(wf.pid_of_item).collect()
+    assert pids[5] == os.getpid() and os.getpid() not in pids[:5] + pids[6:]
+    assert any(full)  # the parent waited for ring space
     assert [r.tolist() for r in par_iter(arrays).gpu_map(wf.fails_on_seven).collect()] == \
         [(a * 2).tolist() for a in arrays]
+
+
+def test_results_and_exceptions_that_cannot_travel_fail_their_item_only() -> None:
+    two_fake_gpus()
+    arrays = [np.full(2, i) for i in range(4)]
+    outcomes = par_iter(arrays).gpu_map(wf.raises_unloadable).collect(errors="return")
+    assert all(isinstance(o, RuntimeError) and "could not be loaded here" in str(o)
+               for o in outcomes)
+    outcomes = par_iter(arrays).gpu_map(wf.returns_a_lock).collect(errors="return")
+    assert all("cannot be sent back from its worker process" in str(o) for o in outcomes)
+    assert par_iter(arrays).gpu_map(wf.fails_on_seven).collect()[3].tolist() == [6, 6]
+
+
+def test_a_pipeline_closed_early_leaves_the_workers_to_the_next() -> None:
+    two_fake_gpus()
+    arrays = [np.full(2, 100 + i) for i in range(300)]  # none is 7
+    assert [a.tolist() for a in par_iter(arrays).gpu_map(wf.fails_on_seven).take(3)
+            .collect()] == [[200, 200], [202, 202], [204, 204]]
+    doubled = par_iter(arrays).gpu_map(wf.fails_on_seven).map(lambda a: int(a[0])).collect()
+    assert doubled == [2 * (100 + i) for i in range(300)]
 
 
 @pytest.fixture
@@ -163,6 +206,21 @@ def test_a_worker_that_dies_fails_its_items_and_later_pipelines_stay_in_process(
     workers = runtime.scheduler.lanes("processes", lambda: None)
     assert not workers.acquire()  # broken: the next gpu_map runs its lanes in-process
     assert par_iter(arrays).gpu_map(wf.forced_cpu_pid).collect() == [os.getpid()] * 8
+
+
+def test_items_after_a_worker_died_go_to_the_live_one() -> None:
+    two_fake_gpus()
+    arrays = [np.full(2, i) for i in range(8)]
+
+    def paused() -> Any:  # items after the pause are dispatched once a worker has died
+        yield from arrays
+        time.sleep(1.0)
+        yield from (np.full(2, 10 + i) for i in range(10))
+
+    outcomes = par_iter(paused()).gpu_map(wf.exits_the_worker).collect(errors="return")
+    failed = [o for o in outcomes[:8] if not isinstance(o, np.ndarray)]
+    assert failed and all(isinstance(o, veda.OffloadError) for o in failed)
+    assert [o.tolist() for o in outcomes[8:]] == [[10 + i] * 2 for i in range(10)]
 
 
 def test_shutdown_stops_the_workers_and_frees_their_rings() -> None:
@@ -191,6 +249,18 @@ def test_a_worker_reports_where_each_item_ran_though_lanes_place_items_ahead(
             where = [placed.take(origin) for batch in batches for origin in batch.origins]
         assert all(w is not None and w[0] == "gpu" and w[2] <= w[3] for w in where)
         assert len(where) == 48
+
+
+def test_a_function_the_workers_cannot_import_runs_here(fake_lanes: None,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("made_in_this_process")
+    exec("import os\ndef pid(x):\n    return os.getpid()\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    two_fake_gpus()
+    with pytest.warns(veda.OffloadWarning, match=r"cannot load #1 gpu_map\(pid\)'s function"):
+        pids = par_iter([np.ones(2)] * 4).gpu_map(module.pid, force="cpu").collect()
+    assert pids == [os.getpid()] * 4
+    assert par_iter([np.ones(2)] * 4).gpu_map(wf.pid_of_item).collect()[0] != os.getpid()
 
 
 def test_device_processes_off_keeps_every_lane_in_this_process(fake_lanes: None) -> None:

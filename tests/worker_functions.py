@@ -32,3 +32,24 @@ def exits_the_worker(x: np.ndarray) -> np.ndarray:
 def forced_cpu_pid(x: np.ndarray) -> int:
     """The process that ran the item (a module-level @veda.gpu function travels as itself)."""
     return os.getpid()
+
+
+class NeedsTwoArguments(Exception):
+    """An exception that pickles but cannot be loaded again (its __init__ takes two)."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+
+
+def raises_unloadable(x: np.ndarray) -> np.ndarray:
+    raise NeedsTwoArguments("item", str(int(x[0])))
+
+
+def returns_a_lock(x: np.ndarray) -> Any:
+    import threading
+
+    return threading.Lock()  # cannot be pickled back
+
+
+def pid_of_item(x: np.ndarray) -> int:
+    return os.getpid()

@@ -211,9 +211,9 @@ class Telemetry:
 
     def record_placement(self, placement: Placement) -> None:
         key = (placement.stage, placement.path, placement.device)
-        with self._lock:
+        with self._lock:  # count and list together: readers match the two up
             self._placement_counts[key] = self._placement_counts.get(key, 0) + 1
-        self._placements.append(placement)
+            self._placements.append(placement)
 
     def placements(self) -> list[Placement]:
         """The most recent gpu_map placements, oldest first."""

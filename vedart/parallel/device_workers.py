@@ -15,22 +15,30 @@ and sends the small rest through a pipe; the worker rebuilds the item around vie
 ring and uploads its arrays straight from there. Results come back pickled through the pipe,
 with where the item ran. The parent copies each input once, as in-process staging does.
 
-Protocol over a socket pair (parent -> worker): ``("start", ordinal, config, ring name)``
-once, then ``("function", payload)`` sets the function of the items that
-follow; ``("item", seq, meta, spans)`` sends one item; ``("flush",)`` ends a segment (the
-worker finishes the items it holds and sends their results); ``("noop",)`` fills the place of
-an item that never left the parent; ``None`` stops the worker. Worker -> parent:
-``("ready", pid)`` or ``("failed", text)`` once, then ``("result", seq, ok, value, where)``
-per item. The worker reads items lazily, so the parent flushes before it waits for ring space:
-otherwise a worker waiting for its next item would hold back the results that free the ring.
+Protocol over a socket pair (parent -> worker): ``("start", visible device, config, ring
+name)`` once, then ``("function", token, payload)`` sets the function of the items that follow
+(the worker answers ``("function", token, None)``, or the error text when it cannot import it,
+and the parent then keeps that pipeline in-process); ``("item", seq, meta, spans)`` sends one
+item; ``("flush",)`` ends a segment (the worker finishes the items it holds and sends their
+results); ``("noop",)`` fills the place of an item that never left the parent. The parent
+stops a worker by shutting the socket down. Worker -> parent: ``("ready", pid)`` or
+``("failed", text)`` once, then ``("result", seq, outcome)`` per item, the :class:`Outcome`
+pickled on its own so one the parent cannot load still settles its item. A thread in the
+worker drains the socket at all times, so the parent's sends never wait on the worker. The
+worker's gpu_map reads items lazily, so the parent flushes before it waits for ring space or,
+for ``STALL_S`` in process_gpu_map, for an item: otherwise a worker waiting for its next item
+would hold back the results the parent waits for.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import pickle
+import queue
+import shutil
 import socket
 import subprocess
 import sys
@@ -105,12 +113,12 @@ def function_payload(wrapper: Any) -> bytes | None:
     """How a worker gets the @gpu ``wrapper`` of a gpu_map: the wrapper itself by reference (a
     module-level @veda.gpu function), else its function by reference with its options. None,
     and the items stay in this process, when neither pickles (a lambda, a closure), it lives
-    in ``__main__``, or its results must reach this process's own arrays or device
-    (``writes=``, ``returns="device"``)."""
+    in ``__main__``, it names a device (a worker sees only its own), or its results must reach
+    this process's own arrays or device (``writes=``, ``returns="device"``)."""
     function = getattr(wrapper, "__wrapped__", None)
     options = getattr(wrapper, "gpu_options", None)
-    if getattr(function, "__module__", "__main__") == "__main__" or (
-            options is not None and (options.writes or options.returns == "device")):
+    if getattr(function, "__module__", "__main__") == "__main__" or (options is not None and (
+            options.writes or options.returns == "device" or options.device is not None)):
         return None
     for candidate in (wrapper, (function, options)):
         try:
@@ -140,14 +148,23 @@ def _load_function(payload: bytes) -> Callable[[Any], Any]:
     return loaded  # type: ignore[no-any-return]
 
 
+def _drain_into(conn: Connection, inbox: queue.SimpleQueue[Any]) -> None:
+    """The worker's socket reader: every message into ``inbox``, then None at the end."""
+    try:
+        while True:
+            inbox.put(conn.recv())
+    except (EOFError, OSError):
+        inbox.put(None)
+
+
 def worker_main(handle: int) -> None:
     """A worker process's life (``python -c`` with the socket's file descriptor ``handle``):
     the start message, the device it names only (``CUDA_VISIBLE_DEVICES``, before CUDA is
-    loaded), a runtime from its config, then the protocol of the module docstring until
-    ``None``."""
+    loaded), a runtime from its config, then the protocol of the module docstring until the
+    parent shuts the socket down."""
     conn = Connection(handle)
-    _, ordinal, config, ring_name = conn.recv()
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(ordinal)
+    _, visible, config, ring_name = conn.recv()
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible
     try:
         from vedart import lifecycle
 
@@ -160,22 +177,30 @@ def worker_main(handle: int) -> None:
         conn.send(("failed", f"{type(error).__name__}: {error}"))
         return
     conn.send(("ready", os.getpid()))
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    threading.Thread(target=_drain_into, args=(conn, inbox), daemon=True).start()
     function: Callable[[Any], Any] | None = None
     try:
-        message = conn.recv()
-        while message is not None:
+        while (message := inbox.get()) is not None:
             if message[0] == "function":
-                function = _load_function(message[1])
-            elif message[0] == "item":
-                assert function is not None, "an item before its function"
-                if not _run_segment(conn, function, ring.buf, runtime, message):
+                _, token, payload = message
+                try:
+                    function, problem = _load_function(payload), None
+                except Exception as error:  # noqa: BLE001  # the parent keeps it in-process
+                    function, problem = None, f"{type(error).__name__}: {error}"
+                conn.send(("function", token, problem))
+            elif message[0] == "item" and function is not None:
+                if not _run_segment(conn, inbox, function, ring.buf, runtime, message):
                     break
-            message = conn.recv()
-    except EOFError:  # the parent went away
+    except OSError:  # the parent went away
         pass
     finally:
         lifecycle.shutdown()
-        ring.close()
+        gc.collect()  # tracebacks of failed items may still hold views of the ring
+        try:
+            ring.close()
+        except BufferError:  # a view survived: the process is ending anyway
+            pass
 
 
 def _address(view: memoryview) -> int:
@@ -185,10 +210,11 @@ def _address(view: memoryview) -> int:
     return ctypes.addressof(anchor)
 
 
-def _run_segment(conn: Connection, function: Callable[[Any], Any], ring: memoryview,
-                 runtime: Runtime, first: tuple[Any, ...]) -> bool:
+def _run_segment(conn: Connection, inbox: queue.SimpleQueue[Any],
+                 function: Callable[[Any], Any], ring: memoryview, runtime: Runtime,
+                 first: tuple[Any, ...]) -> bool:
     """One gpu_map over the items from ``first`` up to the next flush, sending each result;
-    False when the parent asked the worker to stop instead."""
+    False when the parent went away instead."""
     from vedart.parallel.par_iter import par_iter
 
     seqs: deque[int] = deque()
@@ -206,12 +232,13 @@ def _run_segment(conn: Connection, function: Callable[[Any], Any], ring: memoryv
                 else:
                     seqs.append(seq)
                     yield item
-            message = conn.recv()
+            message = inbox.get()
         if message is None:
             stop.append(True)
 
     placed = PlacementFeed(runtime.telemetry)
-    with par_iter(items()).gpu_map(function)._batches() as batches:
+    # One item per read: a larger chunk would wait for items the parent has not sent.
+    with par_iter(items(), chunk_size=1).gpu_map(function)._batches() as batches:
         for batch in batches:
             for position, (value, origin) in enumerate(zip(batch.items, batch.origins)):
                 failure = batch.failures.get(position)
@@ -245,29 +272,42 @@ class PlacementFeed:
 
 def _send_result(conn: Connection, seq: int, outcome: Outcome) -> None:
     try:
-        data = pickle.dumps(("result", seq, outcome))
+        data = pickle.dumps(outcome)
     except Exception as error:  # noqa: BLE001  # an unpicklable result or exception
         kind = "result" if outcome.ok else "exception"
-        data = pickle.dumps(("result", seq, Outcome(False, RuntimeError(
-            f"the item's {kind} cannot be sent back from its worker process: {error}; "
-            f"it was: {outcome.value!r}"[:2000]), outcome.where)))
-    conn.send_bytes(data)
+        try:
+            shown = repr(outcome.value)[:1000]
+        except Exception:  # noqa: BLE001
+            shown = f"a {type(outcome.value).__name__}"
+        data = pickle.dumps(Outcome(False, RuntimeError(
+            f"the item's {kind} cannot be sent back from its worker process: {error}; it was "
+            f"{shown}"), outcome.where))
+    conn.send(("result", seq, data))
 
 
 # --- the parent's side ----------------------------------------------------------------------
 
 
+def _visible_device(ordinal: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of this process's device ``ordinal`` (under a job
+    scheduler's ``CUDA_VISIBLE_DEVICES=2,3``, ordinal 0 is physical device 2)."""
+    entries = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if entry.strip()]
+    return entries[ordinal] if ordinal < len(entries) else str(ordinal)
+
+
 class DeviceWorker:
-    """The parent's handle on one worker process: its ring, its pipe, the items in flight.
+    """The parent's handle on one worker process: its ring, its socket, the items in flight.
 
     Thread-safe: items are reserved by the pipeline's thread, written and sent from the
     staging threads (in reservation order), and their outcomes delivered by a receiver
-    thread."""
+    thread. Construction starts the process; :meth:`wait_ready` waits for it."""
 
     def __init__(self, ordinal: int, config: Config, ring_bytes: int | None = None) -> None:
         ring_bytes = RING_BYTES if ring_bytes is None else ring_bytes
         self.ordinal = ordinal
         self._memory = SharedMemory(create=True, size=ring_bytes)
+        self._ring_bytes = np.ndarray((ring_bytes,), np.uint8, buffer=self._memory.buf)
         self._ring = ByteRing(ring_bytes)
         self._changed = threading.Condition()
         self._next_seq = 0
@@ -277,8 +317,9 @@ class DeviceWorker:
         self._arrived: set[int] = set()
         self._deliver: dict[int, Callable[[Outcome], None]] = {}
         self._unflushed = False  # items were reserved since the last flush
+        self._acks: dict[int, str | None] = {}  # function tokens answered, with any problem
         self.broken: str | None = None
-        self._ring_bytes = np.ndarray((ring_bytes,), np.uint8, buffer=self._memory.buf)
+        self._receiver: threading.Thread | None = None
         ours, theirs = socket.socketpair()
         self._conn = Connection(ours.detach())
         self._process: subprocess.Popen[bytes] | None = None
@@ -286,21 +327,30 @@ class DeviceWorker:
             self._process = subprocess.Popen(
                 [sys.executable, "-c", "from vedart.parallel.device_workers import "
                  f"worker_main; worker_main({theirs.fileno()})"],
-                pass_fds=(theirs.fileno(),), env=_worker_environment())
+                pass_fds=(theirs.fileno(),), env=_worker_environment(),
+                start_new_session=True)  # a Ctrl-C in the terminal is the parent's to handle
+            self._conn.send(("start", _visible_device(ordinal), config, self._memory.name))
+        except BaseException:
+            self._stop()
+            raise
+        finally:
             theirs.close()
-            self._conn.send(("start", ordinal, config, self._memory.name))
+
+    def wait_ready(self) -> None:
+        """Wait for the worker to start; OffloadError (the worker stopped) when it did not."""
+        try:
             if not self._conn.poll(START_TIMEOUT_S):
-                raise OffloadError(f"the worker process for device {ordinal} did not start "
-                                   f"within {START_TIMEOUT_S:.0f} s")
+                raise OffloadError(f"the worker process for device {self.ordinal} did not "
+                                   f"start within {START_TIMEOUT_S:.0f} s")
             status, detail = self._conn.recv()
             if status != "ready":
-                raise OffloadError(f"the worker process for device {ordinal} failed to start: "
-                                   f"{detail}")
+                raise OffloadError(f"the worker process for device {self.ordinal} failed to "
+                                   f"start: {detail}")
         except BaseException:
             self._stop()
             raise
         self._receiver = threading.Thread(target=self._receive, daemon=True,
-                                          name=f"vedart-device-{ordinal}-results")
+                                          name=f"vedart-device-{self.ordinal}-results")
         self._receiver.start()
 
     @property
@@ -311,15 +361,24 @@ class DeviceWorker:
     def fits(self, nbytes: int) -> bool:
         return self._ring.fits(nbytes)
 
-    def begin(self, payload: bytes) -> None:
-        """Send the function of the items that follow (before them, in order)."""
+    def begin(self, payload: bytes) -> str | None:
+        """Send the function of the items that follow (after the items before) and wait for
+        the worker to load it: None, or why it could not (the pipeline then stays
+        in-process)."""
         with self._changed:
-            self._queue(("function", payload))
+            token = self._next_seq
+            self._queue(("function", token, payload))
+            while token not in self._acks and self.broken is None:
+                self._changed.wait()
+            if self.broken is not None:
+                return self.broken
+            return self._acks.pop(token)
 
     def reserve(self, nbytes: int, deliver: Callable[[Outcome], None]) -> tuple[int, int]:
         """(seq, ring offset) of ``nbytes`` for an item whose outcome goes to ``deliver``;
         waits for older items to free the ring (flushing first, see the module docstring).
-        OffloadError when the worker is broken."""
+        The caller must then :meth:`send` or :meth:`abandon` it. OffloadError when the worker
+        is broken."""
         with self._changed:
             flushed = False
             while True:
@@ -345,12 +404,18 @@ class DeviceWorker:
         gets that failure as its outcome."""
         try:
             spans = write_buffers(self._ring_bytes, offset, buffers)
-        except Exception as error:  # noqa: BLE001  # delivered as the item's failure
-            self._settle(seq, Outcome(False, error), ("noop",))
+        except BaseException as error:
+            self.abandon(seq, error)
+            if not isinstance(error, Exception):
+                raise
             return
         with self._changed:
             self._outbox[seq] = ("item", seq, meta, spans)
             self._drain()
+
+    def abandon(self, seq: int, error: BaseException) -> None:
+        """Settle a reserved item that will not be sent with ``error`` as its outcome."""
+        self._settle(seq, Outcome(False, error), ("noop",))
 
     def flush(self) -> None:
         """Have the worker finish the items it holds (a pipeline's end, or a parent about to
@@ -382,22 +447,32 @@ class DeviceWorker:
     def _receive(self) -> None:
         while True:
             try:
-                _, seq, outcome = pickle.loads(self._conn.recv_bytes())
+                kind, key, data = self._conn.recv()
             except (EOFError, OSError):
-                assert self._process is not None
-                try:
-                    code: int | None = self._process.wait(5)  # closed its end: exiting
-                except subprocess.TimeoutExpired:
-                    code = None
-                with self._changed:
-                    self._break(f"the worker process for device {self.ordinal} exited "
-                                f"(exit code {code})")
+                self._exited()
                 return
-            except Exception as error:  # noqa: BLE001  # an outcome the parent cannot load
-                logger.warning("a result from device %d's worker could not be loaded: %s",
-                               self.ordinal, error)
+            if kind == "function":
+                with self._changed:
+                    self._acks[key] = data
+                    self._changed.notify_all()
                 continue
-            self._settle(seq, outcome)
+            try:
+                outcome = pickle.loads(data)
+            except Exception as error:  # noqa: BLE001  # settles the item all the same
+                outcome = Outcome(False, RuntimeError(
+                    f"the outcome of an item from device {self.ordinal}'s worker process could "
+                    f"not be loaded here: {type(error).__name__}: {error}"))
+            self._settle(key, outcome)
+
+    def _exited(self) -> None:
+        assert self._process is not None
+        try:
+            code: int | None = self._process.wait(5)  # its socket closed: it is exiting
+        except subprocess.TimeoutExpired:
+            code = None
+        with self._changed:
+            self._break(f"the worker process for device {self.ordinal} exited "
+                        f"(exit code {code})")
 
     def _settle(self, seq: int, outcome: Outcome, message: tuple[Any, ...] | None = None
                 ) -> None:
@@ -426,23 +501,28 @@ class DeviceWorker:
             deliver(Outcome(False, OffloadError(reason)))
 
     def shutdown(self) -> None:
+        """Fail what is in flight, shut the socket down (the worker ends), reap the process,
+        free the ring."""
         with self._changed:
-            if self.broken is None:
-                self._outbox[self._next_seq] = None  # type: ignore[assignment]
-                self._next_seq += 1
-                self._drain()
             self._break("the runtime shut down")
         self._stop()
 
     def _stop(self) -> None:
         if not hasattr(self, "_ring_bytes"):  # stopped already
             return
+        try:
+            with socket.fromfd(self._conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as dup:
+                dup.shutdown(socket.SHUT_RDWR)  # wakes both ends' blocked reads
+        except OSError:
+            pass
         if self._process is not None:
             try:
                 self._process.wait(10)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait(5)
+        if self._receiver is not None and self._receiver is not threading.current_thread():
+            self._receiver.join(5)
         self._conn.close()
         del self._ring_bytes  # the ring's one export: closing needs none left
         self._memory.close()
@@ -460,10 +540,18 @@ def _worker_environment() -> dict[str, str]:
     return environment
 
 
+def _shared_memory_free() -> int | None:
+    """Free bytes where shared memory lives (/dev/shm), or None when unknown."""
+    try:
+        return shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return None
+
+
 class DeviceWorkers:
     """The runtime's worker processes, one per device, started together on first use. One
     pipeline uses them at a time (:meth:`acquire`); another meanwhile runs in-process, as do
-    all when they could not start (``unavailable`` says why; logged once)."""
+    all when they could not start (``unavailable`` says why, in an OffloadWarning)."""
 
     def __init__(self, ordinals: list[int], config: Config) -> None:
         worker_config = dataclasses.replace(
@@ -472,9 +560,15 @@ class DeviceWorkers:
         self.workers: list[DeviceWorker] = []
         self.unavailable: str | None = None
         self._busy = threading.Lock()
+        free, needed = _shared_memory_free(), RING_BYTES * len(ordinals)
         try:
-            for ordinal in ordinals:
+            if free is not None and free < 2 * needed:  # writing past it would be SIGBUS
+                raise OffloadError(f"/dev/shm has {free / MIB:.0f} MiB free; the input rings "
+                                   f"need {needed / MIB:.0f} MiB (twice that is asked)")
+            for ordinal in ordinals:  # all start at once, then each is waited for
                 self.workers.append(DeviceWorker(ordinal, worker_config))
+            for worker in self.workers:
+                worker.wait_ready()
         except Exception as error:  # noqa: BLE001  # gpu_map keeps its lanes in-process
             self.unavailable = f"device worker processes unavailable: {error}"
             warnings.warn(f"{self.unavailable}; gpu_map runs every device's lane in this "
@@ -494,9 +588,14 @@ class DeviceWorkers:
     def release(self) -> None:
         self._busy.release()
 
-    def least_loaded(self) -> DeviceWorker:
-        return min(self.workers, key=lambda worker: (worker.in_flight, worker.ordinal))
+    def least_loaded(self) -> DeviceWorker | None:
+        """The usable worker with the fewest items in flight, None when every one broke."""
+        usable = [worker for worker in self.workers if worker.broken is None]
+        return min(usable, key=lambda worker: (worker.in_flight, worker.ordinal), default=None)
 
     def shutdown(self) -> None:
         for worker in self.workers:
-            worker.shutdown()
+            try:
+                worker.shutdown()
+            except Exception as error:  # noqa: BLE001  # the other workers still stop
+                logger.warning("stopping device %d's worker process: %s", worker.ordinal, error)

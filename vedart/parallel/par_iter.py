@@ -23,6 +23,7 @@ Terminals apply their own functions the same way: ``for_each``'s ``f``, the pred
 from __future__ import annotations
 
 import builtins
+import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from vedart.errors import ConfigError
+from vedart.errors import ConfigError, OffloadError, OffloadWarning
 from vedart.lifecycle import get_runtime
 from vedart.offload.force import forced_path
 from vedart.parallel.adapters import Chunk, Enumerate, Skip, Take, Zip
@@ -327,15 +328,20 @@ class ParIter(Generic[T]):
         terminal's own step) is fused into one ParallelReader."""
         reader: Reader = SourceReader(self._source)
         steps: list[Step] = []
-        for stage in self._stages:
-            step = _as_step(stage, runtime)
-            if step is not None:
-                steps.append(step)
-                continue
-            reader = self._fused(reader, steps, runtime)
-            steps = []
-            reader = self._positional_or_gpu(reader, stage, runtime)
-        return self._fused(reader, steps + ([terminal] if terminal is not None else []), runtime)
+        try:
+            for stage in self._stages:
+                step = _as_step(stage, runtime)
+                if step is not None:
+                    steps.append(step)
+                    continue
+                reader = self._fused(reader, steps, runtime)
+                steps = []
+                reader = self._positional_or_gpu(reader, stage, runtime)
+            return self._fused(reader, steps + ([terminal] if terminal is not None else []),
+                               runtime)
+        except BaseException:
+            reader.close()  # the stages built so far (device workers held by one, say)
+            raise
 
     def _fused(self, upstream: Reader, steps: list[Step], runtime: Runtime) -> Reader:
         if not steps:
@@ -358,6 +364,10 @@ class ParIter(Generic[T]):
                 try:
                     return ProcessGpuMapReader(upstream, wrapper, stage.label, runtime, workers,
                                                payload, ChunkPolicy(self._chunk_size))
+                except OffloadError as error:
+                    workers.release()
+                    warnings.warn(f"{error}; its lanes run in this process", OffloadWarning,
+                                  stacklevel=4)
                 except BaseException:
                     workers.release()
                     raise

@@ -16,6 +16,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from vedart.errors import OffloadError
 from vedart.parallel.batch import Batch, ItemFailure, Reader
 from vedart.parallel.device_workers import (
     DeviceWorker,
@@ -52,6 +53,8 @@ class ProcessGpuMapReader(WindowedReader):
 
     def __init__(self, upstream: Reader, wrapper: GpuFunction, label: str, runtime: Runtime,
                  workers: DeviceWorkers, payload: bytes, chunks: ChunkPolicy) -> None:
+        """OffloadError when a worker cannot load the function (the caller runs the stage
+        in-process instead)."""
         super().__init__(upstream, ITEMS_PER_DEVICE * len(workers.workers))
         self._wrapper = wrapper
         self.label = label
@@ -65,7 +68,10 @@ class ProcessGpuMapReader(WindowedReader):
         self._position = 0
         self._closed = False
         for worker in workers.workers:
-            worker.begin(payload)
+            problem = worker.begin(payload)
+            if problem is not None:
+                raise OffloadError(f"device {worker.ordinal}'s worker process cannot load "
+                                   f"{label}'s function: {problem}")
 
     def _fill(self) -> None:
         while self._has_room():
@@ -91,7 +97,7 @@ class ProcessGpuMapReader(WindowedReader):
             return
         nbytes = payload_bytes(buffers)
         worker = self._workers.least_loaded()
-        if not worker.fits(nbytes):
+        if worker is None or not worker.fits(nbytes):  # every worker broke, or too large
             self._push(self._scheduler.submit(Task(in_context(self._run_here, item, origin))))
             return
         slot = _Slot()
@@ -109,9 +115,13 @@ class ProcessGpuMapReader(WindowedReader):
             return
         send = partial(worker.send, seq, offset, meta, buffers)
         try:
-            self._engine.submit_staging(send)
-        except RuntimeError:  # the engine is closing with its runtime: copy here
-            send()
+            try:
+                self._engine.submit_staging(send)
+            except RuntimeError:  # the engine is closing with its runtime: copy here
+                send()
+        except BaseException as error:  # never leave a reserved item unsent: it blocks the rest
+            worker.abandon(seq, error)
+            raise
         self._push(task)
 
     def _landed(self, slot: _Slot, origin: int, worker: DeviceWorker) -> Batch:

@@ -85,9 +85,19 @@ class Scheduler:
         with self._lock:
             if self._closed:
                 raise shut_down_error()
-            if kind not in self._lanes:
-                self._lanes[kind] = create()
-            return cast(L, self._lanes[kind])
+            if kind in self._lanes:
+                return cast(L, self._lanes[kind])
+        created = create()  # outside the lock: worker processes take seconds to start
+        with self._lock:
+            if self._closed or kind in self._lanes:  # shut down, or made by another thread
+                kept = None if self._closed else self._lanes[kind]
+            else:
+                kept = self._lanes[kind] = created
+        if kept is not created:
+            created.shutdown()
+            if kept is None:
+                raise shut_down_error()
+        return cast(L, kept)
 
     def shutdown(self) -> None:
         """Cancel queued tasks, stop the GPU lanes, let running tasks finish and join the
