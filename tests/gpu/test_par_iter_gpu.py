@@ -46,7 +46,11 @@ def assert_same(gpu_values: list[Any], cpu_values: list[Any]) -> None:
 
 def test_gpu_map_results_equal_the_cpu_path(gpu_runtime: veda.Runtime) -> None:
     mats = matrices(16)
-    assert_same(par_iter(mats).gpu_map(process).collect(), [process(M) for M in mats])
+    # One device, so the items run in this process, where the per-call statistics read below
+    # are kept (over several devices they stay in the worker processes).
+    device = gpu_runtime.gpu.devices[0].ordinal
+    assert_same(par_iter(mats).gpu_map(process, device=device).collect(),
+                [process(M) for M in mats])
     counts = placements(gpu_runtime)
     assert {path for path, _ in counts} == {"gpu"} and sum(counts.values()) == 16
     stats = gpu_runtime.telemetry.function(f"{__name__}.process").as_dict()
