@@ -47,9 +47,22 @@ def feed(model: AdaptiveModel, nbytes: int, times: dict[str, float], calls: int,
 def test_explores_both_paths_boundedly_then_exploits_the_faster() -> None:
     model = AdaptiveModel()
     chosen = feed(model, 16 * MB, {"cpu": 0.010, "gpu": 0.008}, calls=20)
-    assert chosen[:2 * EXPLORE_TRIES].count("cpu") == EXPLORE_TRIES
-    assert chosen[:2 * EXPLORE_TRIES].count("gpu") == EXPLORE_TRIES
-    assert set(chosen[2 * EXPLORE_TRIES:]) == {"gpu"}
+    explored = chosen[:2 * EXPLORE_TRIES + 1]  # + the unlearned first call after the switch
+    assert sorted([explored.count("cpu"), explored.count("gpu")]) == [EXPLORE_TRIES,
+                                                                     EXPLORE_TRIES + 1]
+    assert set(chosen[2 * EXPLORE_TRIES + 1:]) == {"gpu"}
+
+
+def test_the_first_call_after_a_switch_of_path_is_not_learned_from() -> None:
+    model = AdaptiveModel()
+    model.observe("f", SIG, 16 * MB, "gpu", 0.003)
+    model.observe("f", SIG, 16 * MB, "cpu", 0.050)  # the cpu path waking up
+    model.observe("f", SIG, 16 * MB, "cpu", 0.009)
+    model.observe("f", SIG, 4 * MB, "gpu", 0.002)  # another bucket: its own first call
+    samples = model._samples("f", SIG, size_bucket(16 * MB))
+    assert [seconds for seconds, _ in samples["cpu"]] == [0.009]
+    assert [seconds for seconds, _ in samples["gpu"]] == [0.003]
+    assert len(model._samples("f", SIG, size_bucket(4 * MB))["gpu"]) == 1
 
 
 def test_explores_one_path_at_a_time_starting_with_the_predicted_faster() -> None:
@@ -65,21 +78,21 @@ def test_explores_one_path_at_a_time_starting_with_the_predicted_faster() -> Non
 def test_stops_exploring_a_clearly_worse_path_after_one_sample() -> None:
     model = AdaptiveModel(calibration=Calibration(cpu_bytes_per_s=1e12))  # prior: cpu first
     chosen = feed(model, 16 * MB, {"cpu": 0.001, "gpu": 0.001 * (CLEARLY_WORSE + 1)}, calls=10)
-    assert chosen.count("gpu") == 1 and chosen[-1] == "cpu"
+    assert chosen.count("gpu") == 2 and chosen[-1] == "cpu"  # an unlearned call, one sample
 
 
 def test_reason_strings() -> None:
     model = AdaptiveModel()
     path, reason = model.choose("f", SIG, 16 * MB)
     assert reason == f"adaptive: exploring {path} at ~16.0 MB (0 of {EXPLORE_TRIES} tries)"
-    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=6)
+    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=8)  # 2 switches, unlearned
     assert model.choose("f", SIG, 16 * MB) == (
         "gpu", "adaptive: gpu 3.1 ms vs cpu 9.8 ms at ~16.0 MB (6 samples)")
 
 
 def test_a_bucket_with_both_paths_reuses_its_choice_until_its_samples_change_it() -> None:
     model = AdaptiveModel()
-    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=6)
+    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=8)
     first = model.choose("f", SIG, 16 * MB)
     assert model.choose("f", SIG, 10 * MB) is first  # the same bucket: no new choice
     model.observe("f", SIG, 16 * MB, "gpu", 0.0035)  # a count in the reason changes
@@ -89,6 +102,7 @@ def test_a_bucket_with_both_paths_reuses_its_choice_until_its_samples_change_it(
     settled = model.choose("f", SIG, 16 * MB)
     model.observe("f", SIG, 16 * MB, "gpu", 0.0045)  # neither count nor typical time changes
     assert model.choose("f", SIG, 16 * MB) is settled
+    model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a switch: not learned
     model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a new cpu typical time: tried again
     assert model.choose("f", SIG, 16 * MB) == (
         "cpu", f"adaptive: exploring cpu at ~16.0 MB (2 of {EXPLORE_TRIES} tries)")
@@ -98,7 +112,7 @@ def test_a_settled_bucket_rechecks_its_other_path_at_doubling_intervals() -> Non
     model = AdaptiveModel()
     feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2 * EXPLORE_TRIES)
     assert "samples)" in model.choose("f", SIG, 16 * MB)[1]  # settled: the first counted call
-    choices = [model.choose("f", SIG, 16 * MB) for _ in range(REVISIT_FIRST * 7)]
+    choices = [model.choose("f", SIG, 16 * MB) for _ in range(REVISIT_FIRST * 7 + 2)]
     rechecks = [index for index, (path, _) in enumerate(choices) if path == "cpu"]
     starts = rechecks[::RECHECK_CALLS]  # each re-check: RECHECK_CALLS calls in a row
     assert rechecks == [start + call for start in starts for call in range(RECHECK_CALLS)]
@@ -325,8 +339,9 @@ def test_revision_changes_only_when_a_choice_may_change() -> None:
 def test_a_settled_bucket_moves_the_revision_only_when_its_faster_path_changes() -> None:
     model = AdaptiveModel()
     for nbytes in (MB, 16 * MB):  # every bucket of the signature has samples of both paths
-        for path, seconds in [("cpu", 1e-3), ("gpu", 2e-4)] * SAMPLES_KEPT:
-            model.observe("f", SIG, nbytes, path, seconds)
+        for path, seconds in [("cpu", 1e-3), ("gpu", 2e-4)]:
+            for _ in range(SAMPLES_KEPT + 1):  # + the unlearned first call after a switch
+                model.observe("f", SIG, nbytes, path, seconds)
     settled = model.revision
     choice = model.choose("f", SIG, MB)
     medians = []

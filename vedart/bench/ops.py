@@ -31,7 +31,8 @@ from vedart.offload.adaptive import EXPLORE_TRIES
 KB = 1024
 SIZES = (64 * KB, 256 * KB, 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20)
 QUICK_SIZES = (256 * KB, 4 * 2**20, 64 * 2**20)
-WARMUP_CALLS = 2 * EXPLORE_TRIES + 2  # explore both paths, plus the unlearned first GPU run
+# Explore both paths, plus the unlearned calls: the first GPU run, the first after a switch.
+WARMUP_CALLS = 2 * EXPLORE_TRIES + 3
 # A case gets as many rounds as fit in its phase's time budget (at least the suite's repeats,
 # at most MAX_ROUNDS, in whole cycles of the round orders): a median of 6 samples of a 0.3 ms
 # call swung its regret from 1.26 to 1.54 between runs on the H100, and 24 samples of a 0.2 ms

@@ -4,6 +4,9 @@ Bytes alone cannot tell (a float64 sum never pays for its transfer; a 256 KB FFT
 timings decide. Per (function, signature: dtypes and ranks, log2 size bucket) the model keeps
 the latest end-to-end times of each path and:
 
+0. learns from each call's end-to-end time, except the first call of a bucket after a
+   call on the other path: it pays for waking its path (NumPy's BLAS threads, cold caches),
+   which is not what the path costs once chosen;
 1. explores: a path with fewer than ``EXPLORE_TRIES`` samples in the bucket is tried, one
    path's tries back to back (the predicted-faster path first), unless that path is already
    clearly worse (its typical time above
@@ -13,9 +16,7 @@ the latest end-to-end times of each path and:
    crown it), except that it re-checks the other path after ``REVISIT_FIRST`` calls,
    then after twice as many each time (up to ``REVISIT_MAX``), so a path timed during a slow
    spell is timed again. A re-check runs the other path on ``RECHECK_CALLS`` consecutive
-   calls and learns from all but the first: the first call of a path after a long run of the
-   other pays for waking it (NumPy's BLAS threads, cold caches), which is not what the path
-   costs once chosen. Calls below the size under which a function is settled on the CPU
+   calls. Calls below the size under which a function is settled on the CPU
    take the @gpu fast path and never reach the model, so those sizes are not re-checked;
 3. generalises: a bucket with no samples for a path is predicted by a per-path fit
    ``time = a + b * bytes`` over the function's other buckets, else by the calibration profile
@@ -49,7 +50,7 @@ CLEARLY_WORSE = 2.0
 SAMPLES_KEPT = 8
 REVISIT_FIRST = 16   # a settled bucket runs its other path once after this many calls, ...
 REVISIT_MAX = 4096   # ... then after twice as many each time, up to this
-RECHECK_CALLS = 2    # consecutive calls of a re-check; the first is not learned from
+RECHECK_CALLS = 2    # consecutive calls of a re-check (the first, a switch, is not learned)
 SAVE_INTERVAL_S = 30.0  # the profile is written at most this often, and when the runtime closes
 ADAPTIVE_FLOOR = 64 * 1024  # default threshold under the adaptive model: below it, the fast path
 
@@ -86,13 +87,12 @@ def size_bucket(nbytes: int) -> int:
 class _Revisit:
     """When a settled bucket next runs its other path: after ``calls_left`` more calls (the
     current ``interval``), while ``chosen`` is its choice; ``recheck_left`` more calls of a
-    re-check under way, and ``unlearned`` samples of the other path still to be dropped."""
+    re-check under way."""
 
     calls_left: int
     interval: int
     chosen: str
     recheck_left: int = 0
-    unlearned: int = 0
 
 
 def typical(samples: list[list[float]]) -> list[float]:
@@ -132,6 +132,7 @@ class AdaptiveModel:
         # faster: a settled call then costs a dictionary lookup, not a choice (tens of us).
         self._choices: dict[tuple[str, str, int], tuple[tuple[str, str], bool]] = {}
         self._revisits: dict[tuple[str, str, int], _Revisit] = {}  # per settled bucket
+        self._last_paths: dict[tuple[str, str, int], str] = {}  # each bucket's latest call
         # Changes whenever a choice may have changed: which path is faster in a bucket, a path
         # still being explored (its sample count), a time the fits of an unsampled size read,
         # the calibration. Callers deriving state from choices re-derive it only then.
@@ -217,7 +218,7 @@ class AdaptiveModel:
             interval, call = min(2 * state.interval, REVISIT_MAX), 1
             if not peek:
                 state.calls_left = state.interval = interval
-                state.recheck_left, state.unlearned = RECHECK_CALLS - 1, 1
+                state.recheck_left = RECHECK_CALLS - 1
         other = "cpu" if choice[0] == "gpu" else "gpu"
         return other, (f"adaptive: re-checking {other} at ~{format_bytes(nbytes)}, call {call} "
                        f"of {RECHECK_CALLS} ({choice[0]} chosen; next check in {interval} "
@@ -274,14 +275,14 @@ class AdaptiveModel:
                       f"{predicted['cpu'] * 1e3:.3g} ms at {size} ({count} samples)"), True
 
     def observe(self, key: str, signature: str, nbytes: int, path: str, seconds: float) -> None:
-        """Record one end-to-end time of ``path``; writes the profile at most every
+        """Record one end-to-end time of ``path`` (not the first after a call on the other
+        path: see the module docstring); writes the profile at most every
         ``SAVE_INTERVAL_S`` seconds (and on :meth:`save`)."""
         bucket = size_bucket(nbytes)
         where = (key, signature, bucket)
         with self._lock:
-            revisit = self._revisits.get(where)
-            if revisit is not None and revisit.unlearned and path != revisit.chosen:
-                revisit.unlearned -= 1  # a re-check's first call: the path was waking up
+            last, self._last_paths[where] = self._last_paths.get(where), path
+            if last is not None and last != path:  # the first call after a switch: waking up
                 return
             samples = self._samples(key, signature, bucket)
             kept, other = samples[path], samples["gpu" if path == "cpu" else "cpu"]
