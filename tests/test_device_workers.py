@@ -263,6 +263,24 @@ def test_a_function_the_workers_cannot_import_runs_here(fake_lanes: None,
     assert par_iter([np.ones(2)] * 4).gpu_map(wf.pid_of_item).collect()[0] != os.getpid()
 
 
+def test_a_script_that_never_shuts_down_leaves_no_rings_behind(tmp_path: Any) -> None:
+    import subprocess
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import numpy as np\nfrom fakes import FakeProbe\nimport vedart as veda\n"
+        "import worker_functions as wf\n"
+        "veda.init(veda.Config.builder().cost_model('static').build(),"
+        " device_probe=FakeProbe(count=2))\n"
+        "print(len(veda.par_iter([np.ones(3)] * 6).gpu_map(wf.pid_of_item).collect()))\n")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([tests] + sys.path)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=environment, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "6", done.stderr
+    assert "leaked" not in done.stderr, done.stderr
+
+
 def test_device_processes_off_keeps_every_lane_in_this_process(fake_lanes: None) -> None:
     runtime = two_fake_gpus(device_processes=False)
     assert par_iter([np.ones(2)] * 3).gpu_map(wf.forced_cpu_pid).collect() == [os.getpid()] * 3

@@ -32,6 +32,7 @@ would hold back the results the parent waits for.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import gc
 import logging
@@ -560,6 +561,7 @@ class DeviceWorkers:
         self.workers: list[DeviceWorker] = []
         self.unavailable: str | None = None
         self._busy = threading.Lock()
+        atexit.register(self.shutdown)  # a script that never shuts its runtime down
         free, needed = _shared_memory_free(), RING_BYTES * len(ordinals)
         try:
             if free is not None and free < 2 * needed:  # writing past it would be SIGBUS
@@ -594,6 +596,8 @@ class DeviceWorkers:
         return min(usable, key=lambda worker: (worker.in_flight, worker.ordinal), default=None)
 
     def shutdown(self) -> None:
+        """Stop every worker and free its ring (idempotent)."""
+        atexit.unregister(self.shutdown)
         for worker in self.workers:
             try:
                 worker.shutdown()
