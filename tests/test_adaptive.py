@@ -136,6 +136,19 @@ def test_a_rechecks_first_call_is_not_learned_from() -> None:
     assert [seconds for seconds, _ in cpu_samples] == before + [0.0097]
 
 
+def test_a_recheck_that_finds_the_other_path_faster_is_repeated_soon() -> None:
+    model = AdaptiveModel()
+    feed(model, MB, {"cpu": 4e-4, "gpu": 3e-4}, calls=2 * EXPLORE_TRIES + 1)  # cpu: a slow spell
+    assert model.choose("f", SIG, MB)[0] == "gpu"
+    chosen = feed(model, MB, {"cpu": 8e-5, "gpu": 3e-4}, calls=8 * REVISIT_FIRST)  # spell over
+    cpu_calls = [index for index, path in enumerate(chosen) if path == "cpu"]
+    starts = [index for index in cpu_calls if index - 1 not in cpu_calls]
+    # Three re-checks (each two calls) put two warm samples of three in the cpu's window:
+    # REVISIT_FIRST calls apart, not 16, 33 and 66 as for a path that stays slower.
+    assert [b - a for a, b in zip(starts, starts[1:3])] == [REVISIT_FIRST + RECHECK_CALLS - 1] * 2
+    assert chosen[-REVISIT_FIRST:].count("cpu") >= REVISIT_FIRST - RECHECK_CALLS  # cpu won
+
+
 def test_peeking_answers_as_the_next_call_would_without_counting() -> None:
     model = AdaptiveModel()
     feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2 * EXPLORE_TRIES)

@@ -16,7 +16,9 @@ the latest end-to-end times of each path and:
    crown it), except that it re-checks the other path after ``REVISIT_FIRST`` calls,
    then after twice as many each time (up to ``REVISIT_MAX``), so a path timed during a slow
    spell is timed again. A re-check runs the other path on ``RECHECK_CALLS`` consecutive
-   calls. Calls below the size under which a function is settled on the CPU
+   calls; one that finds it faster than the chosen path is followed by another after
+   ``REVISIT_FIRST`` calls again, so a path whose samples came from a slow spell wins back in
+   a few re-checks. Calls below the size under which a function is settled on the CPU
    take the @gpu fast path and never reach the model, so those sizes are not re-checked;
 3. generalises: a bucket with no samples for a path is predicted by a per-path fit
    ``time = a + b * bytes`` over the function's other buckets, else by the calibration profile
@@ -289,6 +291,12 @@ class AdaptiveModel:
             before = typical(kept)[0] if kept else math.inf
             explored_before = len(kept) >= EXPLORE_TRIES <= len(other)
             kept.append([seconds, nbytes])
+            revisit = self._revisits.get(where)
+            if revisit is not None and path != revisit.chosen and other \
+                    and seconds < typical(other)[0]:
+                # A re-check found the other path faster than the chosen one: its older
+                # samples may be stale, so check again soon rather than after twice as long.
+                revisit.calls_left = revisit.interval = REVISIT_FIRST
             if len(kept) <= SAMPLES_KEPT:  # the count in the reason changed
                 self._choices.pop(where, None)
             del kept[:-SAMPLES_KEPT]
