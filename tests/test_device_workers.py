@@ -130,6 +130,15 @@ def test_items_run_in_one_worker_process_per_device_in_input_order() -> None:
     assert ran_in <= set(pids) and len(ran_in) == 2  # both workers took items
 
 
+def test_the_workers_calls_count_in_this_process_telemetry() -> None:
+    runtime = two_fake_gpus()
+    for count in (10, 6):
+        par_iter([np.ones(2)] * count).gpu_map(wf.pid_of_item).collect()
+    stats = runtime.telemetry.function("worker_functions.pid_of_item").as_dict()
+    assert stats["calls"] == stats["cpu_calls"] == 16  # both pipelines, both workers, once
+    assert stats["last_path"] == "cpu" and stats["last_reason"].startswith("no GPU")
+
+
 def test_a_failed_item_names_its_index_and_the_workers_stay_usable() -> None:
     two_fake_gpus()
     arrays = [np.full(3, i, dtype=np.int64) for i in range(12)]

@@ -100,6 +100,29 @@ class FunctionStats:
                            f"{format_bytes(self.threshold)}")
         return "cpu", last
 
+    def totals(self) -> dict[str, Any]:
+        """Calls by path (fast-path CPU calls included), bytes and seconds by phase, as plain
+        numbers, and the last decision: what :meth:`merge` adds to another process's stats."""
+        fast_cpu = _count_value(self.fast_cpu_calls)
+        with self._lock:
+            totals: dict[str, Any] = {
+                "calls": dict(self._calls, cpu=self._calls["cpu"] + fast_cpu),
+                "bytes": dict(self._bytes), "seconds": dict(self._seconds)}
+        totals["last"] = self.last_decision()
+        return totals
+
+    def merge(self, delta: dict[str, Any]) -> None:
+        """Add calls, bytes and seconds made elsewhere (a device worker process's, as the
+        difference of two :meth:`totals`), and take its last decision when it has one."""
+        with self._lock:
+            for group, counters in (("calls", self._calls), ("bytes", self._bytes),
+                                    ("seconds", self._seconds)):
+                for name, amount in delta[group].items():
+                    counters[name] += amount  # type: ignore[operator]
+            if delta["last"] is not None:
+                path, reason = delta["last"]
+                self.last = CallRecord(self.name, path, reason)
+
     def as_dict(self) -> dict[str, Any]:
         fast_cpu = _count_value(self.fast_cpu_calls)
         with self._lock:
@@ -223,6 +246,11 @@ class Telemetry:
         """Items per (stage, path, device) over every gpu_map run of this runtime."""
         with self._lock:
             return dict(self._placement_counts)
+
+    def functions(self) -> list[FunctionStats]:
+        """The stats of every function seen so far."""
+        with self._lock:
+            return list(self._functions.values())
 
     def snapshot(self) -> dict[str, Any]:
         """Everything recorded, as JSON-friendly data."""

@@ -140,6 +140,9 @@ def test_two_gpus_both_take_items(gpu_runtime: veda.Runtime) -> None:
     assert min(counts.values()) >= 8, counts
     workers = runtime.scheduler.lanes("processes", lambda: None)  # one process per device ran them
     assert workers.unavailable is None and [w.ordinal for w in workers.workers] == [0, 1]
+    stats = runtime.telemetry.function(f"{__name__}.process").as_dict()  # the workers' calls
+    assert stats["gpu_calls"] == 64 and stats["fallback_calls"] == 0
+    assert stats["bytes_to_device"] == 64 * mats[0].nbytes
     in_process = veda.init(veda.Config.builder().devices([0, 1]).cost_model("static")
                            .device_processes(False).build())
     assert_same(par_iter(mats).gpu_map(process).collect(), [process(M) for M in mats])

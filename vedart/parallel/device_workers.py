@@ -20,7 +20,10 @@ name)`` once, then ``("function", token, payload)`` sets the function of the ite
 (the worker answers ``("function", token, None)``, or the error text when it cannot import it,
 and the parent then keeps that pipeline in-process); ``("item", seq, meta, spans)`` sends one
 item; ``("flush",)`` ends a segment (the worker finishes the items it holds and sends their
-results); ``("noop",)`` fills the place of an item that never left the parent. The parent
+results); ``("noop",)`` fills the place of an item that never left the parent;
+``("stats", token)`` asks for the per-function telemetry the worker recorded since it last
+answered (``("stats", token, deltas)``: a pipeline's end merges them into this process's
+telemetry, so ``veda.report()`` counts the workers' calls). The parent
 stops a worker by shutting the socket down. Worker -> parent: ``("ready", pid)`` or
 ``("failed", text)`` once, then ``("result", seq, outcome)`` per item, the :class:`Outcome`
 pickled on its own so one the parent cannot load still settles its item. A thread in the
@@ -180,6 +183,7 @@ def worker_main(handle: int) -> None:
     conn.send(("ready", os.getpid()))
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     threading.Thread(target=_drain_into, args=(conn, inbox), daemon=True).start()
+    stats = StatsFeed(runtime.telemetry)
     function: Callable[[Any], Any] | None = None
     try:
         while (message := inbox.get()) is not None:
@@ -190,6 +194,8 @@ def worker_main(handle: int) -> None:
                 except Exception as error:  # noqa: BLE001  # the parent keeps it in-process
                     function, problem = None, f"{type(error).__name__}: {error}"
                 conn.send(("function", token, problem))
+            elif message[0] == "stats":
+                conn.send(("stats", message[1], stats.deltas()))
             elif message[0] == "item" and function is not None:
                 if not _run_segment(conn, inbox, function, ring.buf, runtime, message):
                     break
@@ -271,6 +277,30 @@ class PlacementFeed:
         return self._where.pop(origin, None)
 
 
+class StatsFeed:
+    """A worker's per-function telemetry as differences since the last :meth:`deltas`."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+        self._sent: dict[str, dict[str, Any]] = {}
+
+    def deltas(self) -> list[tuple[str, dict[str, Any]]]:
+        """(function, what its FunctionStats.totals added since the last call) for each
+        function with new calls."""
+        changed = []
+        for stats in self._telemetry.functions():
+            now = stats.totals()
+            before = self._sent.get(stats.name)
+            delta = {group: {name: amount - (before[group][name] if before else 0)
+                             for name, amount in now[group].items()}
+                     for group in ("calls", "bytes", "seconds")}
+            if any(delta["calls"].values()):
+                delta["last"] = now["last"]
+                changed.append((stats.name, delta))
+                self._sent[stats.name] = now
+        return changed
+
+
 def _send_result(conn: Connection, seq: int, outcome: Outcome) -> None:
     try:
         data = pickle.dumps(outcome)
@@ -318,7 +348,7 @@ class DeviceWorker:
         self._arrived: set[int] = set()
         self._deliver: dict[int, Callable[[Outcome], None]] = {}
         self._unflushed = False  # items were reserved since the last flush
-        self._acks: dict[int, str | None] = {}  # function tokens answered, with any problem
+        self._acks: dict[int, Any] = {}  # answers to _ask, by token
         self.broken: str | None = None
         self._receiver: threading.Thread | None = None
         ours, theirs = socket.socketpair()
@@ -366,14 +396,24 @@ class DeviceWorker:
         """Send the function of the items that follow (after the items before) and wait for
         the worker to load it: None, or why it could not (the pipeline then stays
         in-process)."""
+        problem = self._ask("function", payload)
+        return self.broken if self.broken is not None else problem
+
+    def stats(self) -> list[tuple[str, dict[str, Any]]]:
+        """The worker's per-function telemetry since it was last asked, once it has finished
+        every item sent before (see StatsFeed); nothing from a broken worker."""
+        deltas = self._ask("stats")
+        return [] if deltas is None else deltas
+
+    def _ask(self, kind: str, *payload: Any) -> Any:
+        """Send ``(kind, token, *payload)`` after everything before and wait for the worker's
+        answer (None when the worker broke meanwhile)."""
         with self._changed:
             token = self._next_seq
-            self._queue(("function", token, payload))
+            self._queue((kind, token, *payload))
             while token not in self._acks and self.broken is None:
                 self._changed.wait()
-            if self.broken is not None:
-                return self.broken
-            return self._acks.pop(token)
+            return self._acks.pop(token, None)
 
     def reserve(self, nbytes: int, deliver: Callable[[Outcome], None]) -> tuple[int, int]:
         """(seq, ring offset) of ``nbytes`` for an item whose outcome goes to ``deliver``;
@@ -440,8 +480,7 @@ class DeviceWorker:
             try:
                 self._conn.send(self._outbox.pop(self._next_send))
             except (OSError, ValueError) as error:
-                self._break(f"the worker process for device {self.ordinal} cannot be "
-                            f"reached: {error}")
+                self._break(self._gone(f"cannot be reached: {error}"))
                 return
             self._next_send += 1
 
@@ -452,7 +491,7 @@ class DeviceWorker:
             except (EOFError, OSError):
                 self._exited()
                 return
-            if kind == "function":
+            if kind in ("function", "stats"):
                 with self._changed:
                     self._acks[key] = data
                     self._changed.notify_all()
@@ -466,14 +505,20 @@ class DeviceWorker:
             self._settle(key, outcome)
 
     def _exited(self) -> None:
+        reason = self._gone("closed its socket")
+        with self._changed:
+            self._break(reason)
+
+    def _gone(self, detail: str) -> str:
+        """Why the worker cannot be used: its exit code when it has exited (a closed socket
+        means it is exiting: waited for a few seconds), else ``detail``."""
         assert self._process is not None
         try:
-            code: int | None = self._process.wait(5)  # its socket closed: it is exiting
+            code: int | None = self._process.wait(5)
         except subprocess.TimeoutExpired:
             code = None
-        with self._changed:
-            self._break(f"the worker process for device {self.ordinal} exited "
-                        f"(exit code {code})")
+        prefix = f"the worker process for device {self.ordinal}"
+        return f"{prefix} exited (exit code {code})" if code is not None else f"{prefix} {detail}"
 
     def _settle(self, seq: int, outcome: Outcome, message: tuple[Any, ...] | None = None
                 ) -> None:

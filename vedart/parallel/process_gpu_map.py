@@ -170,5 +170,9 @@ class ProcessGpuMapReader(WindowedReader):
         try:
             super().close()
             self._flush()
+            if self._telemetry is not None:  # the workers' calls, for veda.report() here
+                for worker in self._workers.workers:
+                    for name, delta in worker.stats():
+                        self._telemetry.function(name).merge(delta)
         finally:
             self._workers.release()
