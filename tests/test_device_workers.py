@@ -139,6 +139,18 @@ def test_the_workers_calls_count_in_this_process_telemetry() -> None:
     assert stats["last_path"] == "cpu" and stats["last_reason"].startswith("no GPU")
 
 
+def test_an_early_close_cancels_the_items_the_workers_have_not_started() -> None:
+    runtime = two_fake_gpus()
+    arrays = [np.full(2, i) for i in range(100)]
+    assert [a[0] for a in par_iter(arrays).gpu_map(wf.sleeps).take(2).collect()] == [0, 1]
+    ran = runtime.telemetry.function("worker_functions.sleeps").as_dict()["calls"]
+    assert 2 <= ran <= 16  # not the ~100 the workers had been sent
+    with pytest.raises(veda.ParIterError) as caught:  # a failure cancels the rest too
+        par_iter(arrays).gpu_map(wf.fails_on_seven).collect()
+    assert caught.value.index == 7
+    assert [a[0] for a in par_iter(arrays).gpu_map(wf.sleeps).collect()] == list(range(100))
+
+
 def test_a_failed_item_names_its_index_and_the_workers_stay_usable() -> None:
     two_fake_gpus()
     arrays = [np.full(3, i, dtype=np.int64) for i in range(12)]

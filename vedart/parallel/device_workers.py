@@ -20,7 +20,9 @@ name)`` once, then ``("function", token, payload)`` sets the function of the ite
 (the worker answers ``("function", token, None)``, or the error text when it cannot import it,
 and the parent then keeps that pipeline in-process); ``("item", seq, meta, spans)`` sends one
 item; ``("flush",)`` ends a segment (the worker finishes the items it holds and sends their
-results); ``("noop",)`` fills the place of an item that never left the parent;
+results); ``("cancel",)`` ends it at once (a pipeline closed early: the worker skips the
+items it has not started, answering them as cancelled); ``("noop",)`` fills the place of an
+item that never left the parent;
 ``("stats", token)`` asks for the per-function telemetry the worker recorded since it last
 answered (``("stats", token, deltas)``: a pipeline's end merges them into this process's
 telemetry, so ``veda.report()`` counts the workers' calls). The parent
@@ -152,11 +154,16 @@ def _load_function(payload: bytes) -> Callable[[Any], Any]:
     return loaded  # type: ignore[no-any-return]
 
 
-def _drain_into(conn: Connection, inbox: queue.SimpleQueue[Any]) -> None:
-    """The worker's socket reader: every message into ``inbox``, then None at the end."""
+def _drain_into(conn: Connection, inbox: queue.SimpleQueue[Any],
+                cancelled: threading.Event) -> None:
+    """The worker's socket reader: every message into ``inbox``, then None at the end; a
+    cancel also sets ``cancelled`` at once, for a segment busy with its items."""
     try:
         while True:
-            inbox.put(conn.recv())
+            message = conn.recv()
+            if message[0] == "cancel":
+                cancelled.set()
+            inbox.put(message)
     except (EOFError, OSError):
         inbox.put(None)
 
@@ -182,7 +189,8 @@ def worker_main(handle: int) -> None:
         return
     conn.send(("ready", os.getpid()))
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    threading.Thread(target=_drain_into, args=(conn, inbox), daemon=True).start()
+    cancelled = threading.Event()
+    threading.Thread(target=_drain_into, args=(conn, inbox, cancelled), daemon=True).start()
     stats = StatsFeed(runtime.telemetry)
     function: Callable[[Any], Any] | None = None
     try:
@@ -196,8 +204,11 @@ def worker_main(handle: int) -> None:
                 conn.send(("function", token, problem))
             elif message[0] == "stats":
                 conn.send(("stats", message[1], stats.deltas()))
+            elif message[0] == "cancel":  # nothing was running
+                cancelled.clear()
             elif message[0] == "item" and function is not None:
-                if not _run_segment(conn, inbox, function, ring.buf, runtime, message):
+                if not _run_segment(conn, inbox, cancelled, function, ring.buf, runtime,
+                                    message):
                     break
     except OSError:  # the parent went away
         pass
@@ -217,19 +228,21 @@ def _address(view: memoryview) -> int:
     return ctypes.addressof(anchor)
 
 
-def _run_segment(conn: Connection, inbox: queue.SimpleQueue[Any],
+def _run_segment(conn: Connection, inbox: queue.SimpleQueue[Any], cancelled: threading.Event,
                  function: Callable[[Any], Any], ring: memoryview, runtime: Runtime,
                  first: tuple[Any, ...]) -> bool:
-    """One gpu_map over the items from ``first`` up to the next flush, sending each result;
-    False when the parent went away instead."""
+    """One gpu_map over the items from ``first`` up to the next flush or cancel, sending each
+    result. A cancel stops it as a closed pipeline stops (queued items are not run; running
+    ones finish) and answers every item it did not run as cancelled, so the parent's ring
+    spans come back. False when the parent went away instead."""
     from vedart.parallel.par_iter import par_iter
 
     seqs: deque[int] = deque()
-    stop: list[bool] = []
+    last: list[tuple[Any, ...] | None] = []  # the message that ended the items
 
     def items() -> Iterator[Any]:
         message: tuple[Any, ...] | None = first
-        while message is not None and message[0] != "flush":
+        while message is not None and message[0] not in ("flush", "cancel"):
             if message[0] == "item":
                 _, seq, meta, spans = message
                 try:
@@ -240,8 +253,7 @@ def _run_segment(conn: Connection, inbox: queue.SimpleQueue[Any],
                     seqs.append(seq)
                     yield item
             message = inbox.get()
-        if message is None:
-            stop.append(True)
+        last.append(message)
 
     placed = PlacementFeed(runtime.telemetry)
     # One item per read: a larger chunk would wait for items the parent has not sent.
@@ -253,7 +265,19 @@ def _run_segment(conn: Connection, inbox: queue.SimpleQueue[Any],
                                                                               failure.error)
                 _send_result(conn, seqs.popleft(), dataclasses.replace(
                     outcome, where=placed.take(origin)))
-    return not stop
+            if cancelled.is_set():
+                break
+    if cancelled.is_set():
+        skipped = Outcome(False, OffloadError("cancelled: the pipeline was closed"))
+        while seqs:
+            _send_result(conn, seqs.popleft(), skipped)
+        while not last or (last[-1] is not None and last[-1][0] != "cancel"):
+            message = inbox.get()
+            if message is not None and message[0] == "item":
+                _send_result(conn, message[1], skipped)
+            last.append(message)
+        cancelled.clear()
+    return last[-1] is not None
 
 
 class PlacementFeed:
@@ -457,6 +481,13 @@ class DeviceWorker:
     def abandon(self, seq: int, error: BaseException) -> None:
         """Settle a reserved item that will not be sent with ``error`` as its outcome."""
         self._settle(seq, Outcome(False, error), ("noop",))
+
+    def cancel(self) -> None:
+        """Have the worker drop the items it has not started (a pipeline closed early; after
+        a pipeline's normal end it finds nothing to drop)."""
+        with self._changed:
+            self._queue(("cancel",))
+            self._unflushed = False
 
     def flush(self) -> None:
         """Have the worker finish the items it holds (a pipeline's end, or a parent about to

@@ -169,7 +169,8 @@ class ProcessGpuMapReader(WindowedReader):
         self._closed = True
         try:
             super().close()
-            self._flush()
+            for worker in self._workers.workers:  # items left after an early close are dropped
+                worker.cancel()
             if self._telemetry is not None:  # the workers' calls, for veda.report() here
                 for worker in self._workers.workers:
                     for name, delta in worker.stats():
