@@ -124,15 +124,13 @@ class FunctionStats:
                 self.last = CallRecord(self.name, path, reason)
 
     def as_dict(self) -> dict[str, Any]:
-        fast_cpu = _count_value(self.fast_cpu_calls)
-        with self._lock:
-            calls = dict(self._calls, cpu=self._calls["cpu"] + fast_cpu)
-            gpu_calls = max(calls["gpu"], 1)
-            moved_seconds = self._seconds["to_device"] + self._seconds["to_host"]
-            moved_bytes = self._bytes["to_device"] + self._bytes["to_host"]
-            mean = {phase: total / gpu_calls for phase, total in self._seconds.items()}
-            bytes_moved = dict(self._bytes)
-        last = self.last_decision()
+        totals = self.totals()
+        calls, bytes_moved, seconds, last = (totals["calls"], totals["bytes"],
+                                             totals["seconds"], totals["last"])
+        gpu_calls = max(calls["gpu"], 1)
+        moved_seconds = seconds["to_device"] + seconds["to_host"]
+        moved_bytes = bytes_moved["to_device"] + bytes_moved["to_host"]
+        mean = {phase: total / gpu_calls for phase, total in seconds.items()}
         return {
             "function": self.name,
             "calls": sum(calls.values()),

@@ -104,7 +104,8 @@ def _phase_times(func: Callable[[np.ndarray], Any], x: np.ndarray, path: str, re
     if cupy is not None:
         runs["cupy"] = lambda: cupy.asnumpy(func(cupy.asarray(x)))
         synchronize["cupy"] = cupy.cuda.get_current_stream().synchronize
-    samples = interleaved_samples(runs, repeats=repeats, warmup={"cpu": 2, "cupy": 3, path: warmup + 1},
+    samples = interleaved_samples(runs, repeats=repeats,
+                                  warmup={"cpu": 2, "cupy": 3, path: warmup + 1},
                                   synchronize=synchronize, budget_s=budget_s,
                                   max_repeats=MAX_ROUNDS)
     times = {name: statistics.median(values) for name, values in samples.items()}

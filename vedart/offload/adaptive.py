@@ -197,8 +197,9 @@ class AdaptiveModel:
     def _revisit_or(self, choice: tuple[str, str], where: tuple[str, str, int], nbytes: int,
                     peek: bool) -> tuple[str, str]:
         """``choice``, except that every so many calls of a settled bucket the other path runs
-        (``RECHECK_CALLS`` calls in a row): a path's evidence is its recent times, and ones measured during a slow spell
-        (a cold thread pool, another tenant) would otherwise never be measured again. The
+        (``RECHECK_CALLS`` calls in a row): a path's evidence is its recent times, and ones
+        measured during a slow spell (a cold thread pool, another tenant) would otherwise
+        never be measured again. The
         interval starts at ``REVISIT_FIRST`` calls and doubles up to ``REVISIT_MAX``, so a
         path that really is slower costs little; it starts afresh when the choice changes.
         Only calls that reach the model count (not those under the settled-CPU floor, which
@@ -289,11 +290,11 @@ class AdaptiveModel:
             samples = self._samples(key, signature, bucket)
             kept, other = samples[path], samples["gpu" if path == "cpu" else "cpu"]
             before = typical(kept)[0] if kept else math.inf
+            other_time = typical(other)[0] if other else math.inf
             explored_before = len(kept) >= EXPLORE_TRIES <= len(other)
             kept.append([seconds, nbytes])
             revisit = self._revisits.get(where)
-            if revisit is not None and path != revisit.chosen and other \
-                    and seconds < typical(other)[0]:
+            if revisit is not None and path != revisit.chosen and seconds < other_time:
                 # A re-check found the other path faster than the chosen one: its older
                 # samples may be stale, so check again soon rather than after twice as long.
                 revisit.calls_left = revisit.interval = REVISIT_FIRST
@@ -306,7 +307,6 @@ class AdaptiveModel:
                 # A settled bucket whose faster path stays keeps its choice (the figures in
                 # its reason are those of when it was made): a noisy path's median moves on
                 # about half of its samples, and choosing afresh costs tens of microseconds.
-                other_time = typical(other)[0] if explored_before else 0.0
                 steady = explored_before and (before < other_time) == (after < other_time)
                 if not steady:
                     self._choices.pop(where, None)

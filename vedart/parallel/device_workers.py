@@ -375,6 +375,7 @@ class DeviceWorker:
         self._acks: dict[int, Any] = {}  # answers to _ask, by token
         self.broken: str | None = None
         self._receiver: threading.Thread | None = None
+        self._stopped = False
         ours, theirs = socket.socketpair()
         self._conn = Connection(ours.detach())
         self._process: subprocess.Popen[bytes] | None = None
@@ -585,8 +586,9 @@ class DeviceWorker:
         self._stop()
 
     def _stop(self) -> None:
-        if not hasattr(self, "_ring_bytes"):  # stopped already
+        if self._stopped:
             return
+        self._stopped = True
         try:
             with socket.fromfd(self._conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as dup:
                 dup.shutdown(socket.SHUT_RDWR)  # wakes both ends' blocked reads

@@ -42,8 +42,8 @@ from vedart.parallel.gpu_lanes import (
 from vedart.parallel.scheduler import (
     WINDOW_PER_THREAD,
     ChunkPolicy,
+    ItemwiseReader,
     Scheduler,
-    WindowedReader,
     in_context,
 )
 from vedart.parallel.task import Task
@@ -226,19 +226,19 @@ class _LaneItem:
                      else {})
 
 
-class GpuMapReader(WindowedReader):
+class GpuMapReader(ItemwiseReader):
     """The gpu_map stage on a runtime with a usable GPU (see the module docstring)."""
 
     def __init__(self, upstream: Reader, wrapper: GpuFunction, label: str,
                  runtime: Runtime, scheduler: Scheduler, lanes: GpuLanes,
                  chunks: ChunkPolicy, device: int | None) -> None:
         lane_capacity = sum(device_lanes.capacity for device_lanes in lanes.devices.values())
-        super().__init__(upstream, lane_capacity + WINDOW_PER_THREAD * scheduler.threads)
+        super().__init__(upstream, lane_capacity + WINDOW_PER_THREAD * scheduler.threads,
+                         chunks)
         self._wrapper = wrapper
         self.label = label
         self._scheduler = scheduler
         self._lanes = lanes
-        self._chunks = chunks
         self._device = device
         self._telemetry: Telemetry | None = runtime.telemetry if runtime.telemetry.enabled \
             else None
@@ -249,22 +249,11 @@ class GpuMapReader(WindowedReader):
                                     else threshold)
         assert runtime.gpu
         self._engine = runtime.gpu.transfers
-        self._inbox = Batch([], [])
-        self._inbox_position = 0
         self._cpu_items = _CpuItems()
 
     def _fill(self) -> None:
         try:
-            while self._has_room():
-                if self._inbox_position == len(self._inbox):
-                    batch = self._upstream.read(self._chunks.size)
-                    if batch is None:
-                        self._ended = True
-                        return
-                    self._inbox, self._inbox_position = batch, 0
-                position = self._inbox_position
-                self._inbox_position += 1
-                self._dispatch(self._inbox.items[position], self._inbox.origins[position])
+            super()._fill()
         finally:
             self._flush_cpu()
 

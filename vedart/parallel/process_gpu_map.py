@@ -25,7 +25,7 @@ from vedart.parallel.device_workers import (
     encode,
     payload_bytes,
 )
-from vedart.parallel.scheduler import ChunkPolicy, WindowedReader, in_context, wait_for
+from vedart.parallel.scheduler import ChunkPolicy, ItemwiseReader, in_context, wait_for
 from vedart.parallel.task import Task
 from vedart.telemetry import Placement
 
@@ -48,24 +48,21 @@ class _Slot:
         self.outcome: Outcome | None = None
 
 
-class ProcessGpuMapReader(WindowedReader):
+class ProcessGpuMapReader(ItemwiseReader):
     """The gpu_map stage on device worker processes (see the module docstring)."""
 
     def __init__(self, upstream: Reader, wrapper: GpuFunction, label: str, runtime: Runtime,
                  workers: DeviceWorkers, payload: bytes, chunks: ChunkPolicy) -> None:
         """OffloadError when a worker cannot load the function (the caller runs the stage
         in-process instead)."""
-        super().__init__(upstream, ITEMS_PER_DEVICE * len(workers.workers))
+        super().__init__(upstream, ITEMS_PER_DEVICE * len(workers.workers), chunks)
         self._wrapper = wrapper
         self.label = label
         self._workers = workers
-        self._chunks = chunks
         self._scheduler = runtime.scheduler
         assert runtime.gpu and runtime.gpu.transfers is not None
         self._engine = runtime.gpu.transfers
         self._telemetry = runtime.telemetry if runtime.telemetry.enabled else None
-        self._inbox = Batch([], [])
-        self._position = 0
         self._closed = False
         for worker in workers.workers:
             problem = worker.begin(payload)
@@ -73,18 +70,8 @@ class ProcessGpuMapReader(WindowedReader):
                 raise OffloadError(f"device {worker.ordinal}'s worker process cannot load "
                                    f"{label}'s function: {problem}")
 
-    def _fill(self) -> None:
-        while self._has_room():
-            if self._position == len(self._inbox):
-                batch = self._upstream.read(self._chunks.size)
-                if batch is None:
-                    self._ended = True
-                    self._flush()
-                    return
-                self._inbox, self._position = batch, 0
-            position = self._position
-            self._position += 1
-            self._dispatch(self._inbox.items[position], self._inbox.origins[position])
+    def _upstream_ended(self) -> None:
+        self._flush()  # the workers finish what they hold
 
     def _dispatch(self, item: Any, origin: int) -> None:
         if isinstance(item, ItemFailure):

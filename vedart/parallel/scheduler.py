@@ -225,6 +225,40 @@ class WindowedReader(Stage):
         super().close()
 
 
+class ItemwiseReader(WindowedReader):
+    """A windowed stage that takes its upstream one item at a time: :meth:`_dispatch` gets
+    each (pushing tasks as it sees fit) while there is room, upstream being read
+    ``chunks.size`` items at a time; :meth:`_upstream_ended` runs once when it is
+    exhausted."""
+
+    def __init__(self, upstream: Reader, window: int, chunks: ChunkPolicy) -> None:
+        super().__init__(upstream, window)
+        self._chunks = chunks
+        self._inbox = Batch([], [])
+        self._inbox_position = 0
+
+    def _fill(self) -> None:
+        while self._has_room():
+            if self._inbox_position == len(self._inbox):
+                batch = self._upstream.read(self._chunks.size)
+                if batch is None:
+                    self._ended = True
+                    self._upstream_ended()
+                    return
+                self._inbox, self._inbox_position = batch, 0
+            position = self._inbox_position
+            self._inbox_position += 1
+            self._dispatch(self._inbox.items[position], self._inbox.origins[position])
+
+    @abstractmethod
+    def _dispatch(self, item: Any, origin: int) -> None:
+        """Take one item (an ItemFailure for one that failed upstream) with source index
+        ``origin``."""
+
+    def _upstream_ended(self) -> None:
+        """Called once when upstream is exhausted (nothing by default)."""
+
+
 class ParallelReader(WindowedReader):
     """Runs ``work`` (a Batch -> Batch function) over upstream batches on the worker pool,
     ``chunks.size`` items per task."""
