@@ -374,6 +374,7 @@ def test_writes_problems_keep_the_call_on_cpu() -> None:
 class FakeDeviceArray:
     def __init__(self, host: np.ndarray) -> None:
         self.host = host
+        self.nbytes = host.nbytes
 
     def get(self) -> np.ndarray:
         return self.host.copy()
@@ -387,7 +388,8 @@ def test_results_to_host_types() -> None:
         "nested": [Pair(FakeDeviceArray(np.array(1, dtype=np.int32)), "text")],
         "plain": 7,
     }
-    host = results_to_host(value, FakeDeviceArray)
+    host, moved = results_to_host(value, FakeDeviceArray)
+    assert moved == 8 + 3 * np.arange(3).itemsize + 4
     assert type(host["scalar"]) is np.float64 and host["scalar"] == 2.5
     assert type(host["array"]) is np.ndarray
     assert type(host["nested"][0]) is Pair and type(host["nested"][0].first) is np.int32

@@ -40,6 +40,7 @@ class GPUContext:
             self._probe.close()
             raise
         self._by_ordinal = {device.ordinal: device for device in self.devices}
+        self.ordinals: tuple[int, ...] = tuple(self._by_ordinal)  # of ``devices``, in order
         self.transfers: TransferEngine | None = None
         self.memory: DeviceMemory | None = None
         self._backends: dict[int, CUDABackend] = {}

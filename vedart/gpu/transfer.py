@@ -176,6 +176,8 @@ class TransferEngine:
         import cupy
 
         array = native_byte_order(array)
+        if array.nbytes < self.tuning.pool_from and not self._registered:  # the common case
+            return cupy.asarray(array)
         layout = contiguous_layout(array)
         if layout is not None and self._in_registered(array):
             target = cupy.empty(array.shape, array.dtype, order=layout)

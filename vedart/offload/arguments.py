@@ -94,9 +94,20 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
     return tuple(converted) if type(value) is tuple else type(value)(converted)
 
 
+_SIGNATURE_PARTS: dict[tuple[np.dtype[Any], int], str] = {}  # (dtype, ndim) -> "<f4:2"
+
+
 def signature_of(arrays: list[np.ndarray]) -> str:
-    """The arrays' dtypes and ranks, e.g. ``"<f4:2,<f8:1"``."""
-    return ",".join(f"{array.dtype.str}:{array.ndim}" for array in arrays)
+    """The arrays' dtypes and ranks, e.g. ``"<f4:2,<f8:1"``. (Each part is formatted once per
+    process: a GPU call computes this, and formatting took a few microseconds.)"""
+    parts = []
+    for array in arrays:
+        key = (array.dtype, array.ndim)
+        part = _SIGNATURE_PARTS.get(key)
+        if part is None:
+            part = _SIGNATURE_PARTS[key] = f"{array.dtype.str}:{array.ndim}"
+        parts.append(part)
+    return ",".join(parts)
 
 
 @dataclass

@@ -86,10 +86,10 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     unsupported = unsupported_reason(facts.host_arrays)
     if unsupported is not None:
         return cpu(unsupported)
-    ordinals = [d.ordinal for d in gpu.devices]
+    ordinals = gpu.ordinals
     if device is not None and device not in ordinals:
-        return Decision("cpu", f"device {device} is not available (runtime devices: {ordinals})",
-                        refused=True)
+        return Decision("cpu", f"device {device} is not available (runtime devices: "
+                               f"{list(ordinals)})", refused=True)
     if device is None and facts.device_ordinals:
         device = facts.device_ordinals[0]
     if wants_gpu:
@@ -118,6 +118,8 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
 
 def _most_free(gpu: GPUContext, ordinals: Sequence[int]) -> tuple[int, int]:
     """The device among ``ordinals`` with the most free memory, and that free byte count."""
+    if len(ordinals) == 1:
+        return ordinals[0], gpu.free_memory(ordinals[0])
     free_by_device = [(gpu.free_memory(ordinal), ordinal) for ordinal in ordinals]
     free, ordinal = max(free_by_device, key=lambda pair: (pair[0], -pair[1]))
     return ordinal, free

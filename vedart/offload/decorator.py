@@ -42,7 +42,7 @@ from vedart.offload.call_wrapper import build_wrapper
 from vedart.offload.cost import Decision, Forcing, decide
 from vedart.offload.failures import WarnOnce, failure_summary, is_gpu_failure
 from vedart.offload.force import check_path, forced_path, preferred_device
-from vedart.offload.results import result_bytes, results_to_host
+from vedart.offload.results import results_to_host
 from vedart.offload.substitute import DEVICE_PACKAGES, ModuleMapper, device_clone
 from vedart.telemetry import CallRecord, FunctionStats
 
@@ -314,8 +314,8 @@ class _Offload:
             bytes_to_host = sum(host.nbytes for _, host in write_backs)
             result = launch.result
             if self.options.returns == "host":
-                bytes_to_host += result_bytes(result, cupy.ndarray)
-                result = results_to_host(result, cupy.ndarray)
+                result, result_bytes = results_to_host(result, cupy.ndarray)
+                bytes_to_host += result_bytes
             finished = time.perf_counter()
         for original, host in write_backs:  # only after everything else succeeded
             np.copyto(original, host)
