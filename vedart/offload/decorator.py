@@ -284,39 +284,40 @@ class _Offload:
         return self._clone
 
     def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Launch:
-        """Move the host inputs (arrays or Staged copies) to ``device`` and run the substituted
-        clone there, on the current stream, without waiting for the device: the tail of an
-        upload overlaps the clone's own Python work (waiting for it measured 30-100 us per call
-        on the H100), so ``moved_in`` marks when the host had handed the inputs over."""
+        """Move the host inputs (arrays or Staged copies) to ``device``, which the caller has
+        made current, and run the substituted clone there, on the current stream, without
+        waiting for the device: the tail of an upload overlaps the clone's own Python work
+        (waiting for it measured 30-100 us per call on the H100), so ``moved_in`` marks when
+        the host had handed the inputs over."""
         import cupy
 
         device_function = self._device_function()
-        with cupy.cuda.Device(device):
-            stream = cupy.cuda.get_current_stream()
-            started = time.perf_counter()
-            device_args = map_arrays(args, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
-            device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
-            moved_in = time.perf_counter()
-            result = device_function(*device_args, **device_kwargs)
+        stream = cupy.cuda.get_current_stream()
+        started = time.perf_counter()
+        device_args = map_arrays(args, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
+        device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
+        moved_in = time.perf_counter()
+        result = device_function(*device_args, **device_kwargs)
         return _Launch(device, stream, device_args, device_kwargs, result, started, moved_in)
 
     def land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
         """Wait for a launch, bring its results (and ``writes=`` arguments) to the host, and
-        only then copy the writes into the caller's ``args``/``kwargs``."""
+        only then copy the writes into the caller's ``args``/``kwargs``. The launch's device
+        and stream must be current (as they still are after a direct call's launch, and as
+        a GPU lane makes them)."""
         import cupy
 
-        with cupy.cuda.Device(launch.device), launch.stream:
-            launch.stream.synchronize()
-            computed = time.perf_counter()
-            write_backs = self._fetch_writes(args, kwargs, launch.device_args,
-                                             launch.device_kwargs)
-            bytes_to_host = sum(host.nbytes for _, host in write_backs)
-            result = launch.result
-            if self.options.returns == "host":
-                result, result_bytes = results_to_host(result, cupy.ndarray)
-                bytes_to_host += result_bytes
-            finished = time.perf_counter()
+        launch.stream.synchronize()
+        computed = time.perf_counter()
+        write_backs = self._fetch_writes(args, kwargs, launch.device_args,
+                                         launch.device_kwargs)
+        bytes_to_host = sum(host.nbytes for _, host in write_backs)
+        result = launch.result
+        if self.options.returns == "host":
+            result, result_bytes = results_to_host(result, cupy.ndarray)
+            bytes_to_host += result_bytes
+        finished = time.perf_counter()
         for original, host in write_backs:  # only after everything else succeeded
             np.copyto(original, host)
         record = CallRecord(
@@ -360,8 +361,9 @@ class PlannedCall:
        host inputs into pinned memory ahead of time;
     2. :meth:`launch` (a lane, with its device and stream current): upload the inputs and
        enqueue the device work without waiting; never raises (a failure is kept for step 3);
-    3. :meth:`land`: wait for the device, return host results, fall back to the CPU on a GPU
-       failure exactly as a direct call does, record telemetry and feed the adaptive model.
+    3. :meth:`land` (the same device and stream current): wait for the device, return host
+       results, fall back to the CPU on a GPU failure exactly as a direct call does, record
+       telemetry and feed the adaptive model.
 
     Phases run one at a time, in order (a thread hands the call on through a queue or future).
     The caller's arguments are only read, and ``writes=`` copy-backs happen after success.
@@ -410,8 +412,19 @@ class PlannedCall:
             self._offload.learn(self._runtime, decision, self.facts,
                                  time.perf_counter() - started)
             return result
-        self.launch()
-        return self.land()
+        import cupy
+
+        device = cupy.cuda.Device(decision.device)  # current for launch and land
+        try:
+            device.__enter__()
+        except Exception as error:  # a broken device or driver: land() falls back
+            self._failure = error
+            return self.land()
+        try:
+            self.launch()
+            return self.land()
+        finally:
+            device.__exit__(None, None, None)
 
     def stages(self, engine: TransferEngine) -> bool:
         """Whether :meth:`stage` would copy anything ahead with ``engine``."""
