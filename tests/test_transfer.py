@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -75,6 +76,23 @@ def test_pinned_arrays_return_their_block_when_the_last_view_dies() -> None:
     assert pool.used_bytes == 0 and pool.cached_bytes == size_class(24_000)
     again = pool.array((10,), np.dtype(np.int64))  # same size class: reused, not allocated
     assert again is not None and allocations == [size_class(24_000)]
+
+
+def test_a_pinned_array_freed_while_its_pool_is_locked_gives_its_block_back() -> None:
+    # A collection may run inside take(), the pool locked, and free a pinned array there.
+    pool, _ = make_pool(limit=8 * 2**20)
+    array: np.ndarray | None = pool.array((10,), np.dtype(np.uint8))
+    freed = threading.Event()
+
+    def free_under_the_lock() -> None:
+        nonlocal array
+        with pool._lock:
+            array = None
+        freed.set()
+
+    threading.Thread(target=free_under_the_lock, daemon=True).start()
+    assert freed.wait(5), "giving the block back deadlocked on the pool's own lock"
+    assert pool.used_bytes == 0 and pool.cached_bytes == size_class(10)
 
 
 def test_pinned_limit_is_never_exceeded_and_cached_blocks_are_dropped_first() -> None:
