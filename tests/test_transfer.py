@@ -3,6 +3,7 @@ accounting and block reuse, layout decisions."""
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import gc
 import threading
@@ -147,3 +148,19 @@ def test_a_closed_engine_refuses_staging_work_instead_of_restarting_threads() ->
     engine.close()
     with pytest.raises(RuntimeError, match="transfer engine is closed"):
         engine.submit_staging(lambda: 42)
+
+
+def test_a_copy_of_a_pinned_arrays_memory_holder_does_not_give_the_block_back_again() -> None:
+    pool, _ = make_pool(limit=8 * 2**20)
+    array = pool.array((10,), np.dtype(np.uint8))
+    assert array is not None
+    holder = array.base
+    while not isinstance(holder, ctypes.Array):
+        holder = holder.base
+    duplicate = copy.copy(holder)  # owns a copy of the bytes, and the holder's attributes
+    del duplicate
+    gc.collect()
+    assert pool.used_bytes == size_class(10) and pool.cached_bytes == 0
+    del array, holder
+    gc.collect()
+    assert pool.used_bytes == 0 and pool.cached_bytes == size_class(10)

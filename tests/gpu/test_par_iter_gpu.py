@@ -150,6 +150,30 @@ def test_two_gpus_both_take_items(gpu_runtime: veda.Runtime) -> None:
     assert "processes" not in in_process.scheduler._lanes
 
 
+def sum_and_device(x: Any) -> tuple[Any, int]:
+    import cupy
+
+    return x.sum(), cupy.cuda.runtime.getDevice()
+
+
+def test_an_input_on_a_device_the_runtime_does_not_use_is_computed_there(
+        gpu_runtime: veda.Runtime) -> None:
+    # Its decision names the input's device; the lane that takes it is device 0's.
+    if len(gpu_runtime.gpu.devices) < 2:
+        pytest.skip(f"needs 2 GPUs; this machine has {len(gpu_runtime.gpu.devices)}")
+    import cupy
+
+    veda.init(veda.Config.builder().devices([0]).cost_model("static").build())
+    with cupy.cuda.Device(1):
+        inputs = [cupy.arange(10, dtype=cupy.float32) + i for i in range(6)]
+    wrapped = veda.gpu(sum_and_device)
+    expected = [(45.0 + 10 * i, 1) for i in range(6)]
+    assert [(float(total), device) for total, device in
+            par_iter(inputs).gpu_map(wrapped).collect()] == expected
+    total, device = wrapped(inputs[2])  # a direct call, device 0 current
+    assert (float(total), device) == expected[2]
+
+
 def test_benchmark_checks_results_and_reports_ratios() -> None:
     result = bench.run(quick=True, matrices=16)
     assert result["cupy_loop_s"] > 0 and result["par_iter_gpu_s"] > 0

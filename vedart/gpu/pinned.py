@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -41,9 +40,10 @@ class PinnedPool:
         self.limit = limit
         self._allocate = _allocate if allocate is None else allocate
         # Re-entrant: a collection run while take() holds it can free a pinned array, whose
-        # block then comes back through give_back() on the same thread.
+        # block then comes back through give_back() on the same thread (both reach a size's
+        # list through setdefault, so neither replaces a list the other has filled).
         self._lock = threading.RLock()
-        self._free: dict[int, list[Any]] = defaultdict(list)
+        self._free: dict[int, list[Any]] = {}
         self.used_bytes = 0
         self.cached_bytes = 0
 
@@ -52,7 +52,7 @@ class PinnedPool:
         when it would exceed the limit even after dropping cached blocks."""
         size = size_class(nbytes)
         with self._lock:
-            free = self._free[size]
+            free = self._free.setdefault(size, [])
             if free:
                 self.cached_bytes -= size
                 self.used_bytes += size
@@ -74,7 +74,7 @@ class PinnedPool:
         with self._lock:
             self.used_bytes -= block.size
             self.cached_bytes += block.size
-            self._free[block.size].append(block)
+            self._free.setdefault(block.size, []).append(block)
 
     def array(self, shape: tuple[int, ...], dtype: np.dtype, order: str = "C") -> np.ndarray | None:
         """An uninitialised ndarray in pinned memory (None past the limit); its block returns to
@@ -115,7 +115,8 @@ def _returning_bytes(size: int) -> type:
 
 def _give_back(raw: Any) -> None:
     pool, block = raw.returns_to
-    pool.give_back(block)
+    if ctypes.addressof(raw) == block.ptr:  # not a copy of the holder (which owns its bytes)
+        pool.give_back(block)
 
 
 def _allocate(size: int) -> Any:

@@ -95,6 +95,7 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
 
 
 _SIGNATURE_PARTS: dict[tuple[np.dtype[Any], int], str] = {}  # (dtype, ndim) -> "<f4:2"
+_SIGNATURE_PARTS_KEPT = 1024  # string dtypes of many lengths must not grow it without bound
 
 
 def signature_of(arrays: list[np.ndarray]) -> str:
@@ -105,7 +106,9 @@ def signature_of(arrays: list[np.ndarray]) -> str:
         key = (array.dtype, array.ndim)
         part = _SIGNATURE_PARTS.get(key)
         if part is None:
-            part = _SIGNATURE_PARTS[key] = f"{array.dtype.str}:{array.ndim}"
+            part = f"{array.dtype.str}:{array.ndim}"
+            if len(_SIGNATURE_PARTS) < _SIGNATURE_PARTS_KEPT:
+                _SIGNATURE_PARTS[key] = part
         parts.append(part)
     return ",".join(parts)
 

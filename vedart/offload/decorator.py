@@ -284,14 +284,18 @@ class _Offload:
         return self._clone
 
     def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Launch:
-        """Move the host inputs (arrays or Staged copies) to ``device``, which the caller has
-        made current, and run the substituted clone there, on the current stream, without
-        waiting for the device: the tail of an upload overlaps the clone's own Python work
-        (waiting for it measured 30-100 us per call on the H100), so ``moved_in`` marks when
-        the host had handed the inputs over."""
+        """Move the host inputs (arrays or Staged copies) to ``device`` and run the substituted
+        clone there, on that device's current stream, without waiting for the device: the
+        tail of an upload overlaps the clone's own Python work (waiting for it measured
+        30-100 us per call on the H100), so ``moved_in`` marks when the host had handed the
+        inputs over. ``device`` is made current only when it is not already (a lane has made
+        its own current; entering a device context costs a few microseconds a call)."""
         import cupy
 
         device_function = self._device_function()
+        if cupy.cuda.runtime.getDevice() != device:
+            with cupy.cuda.Device(device):
+                return self.launch(device, args, kwargs)
         stream = cupy.cuda.get_current_stream()
         started = time.perf_counter()
         device_args = map_arrays(args, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
@@ -303,9 +307,9 @@ class _Offload:
     def land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
         """Wait for a launch, bring its results (and ``writes=`` arguments) to the host, and
-        only then copy the writes into the caller's ``args``/``kwargs``. The launch's device
-        and stream must be current (as they still are after a direct call's launch, and as
-        a GPU lane makes them)."""
+        only then copy the writes into the caller's ``args``/``kwargs``. Whatever device is
+        current: each result comes back through its own device's current stream, which is
+        the launch's (a lane keeps its stream current for both phases)."""
         import cupy
 
         launch.stream.synchronize()
@@ -361,9 +365,9 @@ class PlannedCall:
        host inputs into pinned memory ahead of time;
     2. :meth:`launch` (a lane, with its device and stream current): upload the inputs and
        enqueue the device work without waiting; never raises (a failure is kept for step 3);
-    3. :meth:`land` (the same device and stream current): wait for the device, return host
-       results, fall back to the CPU on a GPU failure exactly as a direct call does, record
-       telemetry and feed the adaptive model.
+    3. :meth:`land` (the same stream current for that device): wait for the device, return
+       host results, fall back to the CPU on a GPU failure exactly as a direct call does,
+       record telemetry and feed the adaptive model.
 
     Phases run one at a time, in order (a thread hands the call on through a queue or future).
     The caller's arguments are only read, and ``writes=`` copy-backs happen after success.
@@ -412,19 +416,8 @@ class PlannedCall:
             self._offload.learn(self._runtime, decision, self.facts,
                                  time.perf_counter() - started)
             return result
-        import cupy
-
-        device = cupy.cuda.Device(decision.device)  # current for launch and land
-        try:
-            device.__enter__()
-        except Exception as error:  # a broken device or driver: land() falls back
-            self._failure = error
-            return self.land()
-        try:
-            self.launch()
-            return self.land()
-        finally:
-            device.__exit__(None, None, None)
+        self.launch()
+        return self.land()
 
     def stages(self, engine: TransferEngine) -> bool:
         """Whether :meth:`stage` would copy anything ahead with ``engine``."""
