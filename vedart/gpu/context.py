@@ -48,7 +48,7 @@ class GPUContext:
         self._free_readings: dict[int, tuple[int, float]] = {}  # ordinal -> (bytes, when)
         if self.is_available():
             self.transfers = TransferEngine(config.pinned_memory_limit)
-            self.memory = DeviceMemory([device.ordinal for device in self.devices],
+            self.memory = DeviceMemory(list(self.ordinals),
                                        config.gpu_memory_fraction)
 
     @property

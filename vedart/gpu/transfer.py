@@ -176,10 +176,7 @@ class TransferEngine:
         import cupy
 
         array = native_byte_order(array)
-        if array.nbytes < self.tuning.pool_from and not self._registered:  # the common case
-            return cupy.asarray(array)
-        layout = contiguous_layout(array)
-        if layout is not None and self._in_registered(array):
+        if self._in_registered(array) and (layout := contiguous_layout(array)) is not None:
             target = cupy.empty(array.shape, array.dtype, order=layout)
             cupy.cuda.runtime.memcpyAsync(target.data.ptr, array.ctypes.data, array.nbytes,
                                           cupy.cuda.runtime.memcpyHostToDevice,
@@ -187,6 +184,7 @@ class TransferEngine:
             return target
         if array.nbytes < self.tuning.pool_from:
             return cupy.asarray(array)
+        layout = contiguous_layout(array)
         if layout is None:
             array, layout = np.ascontiguousarray(array), "C"
         ring = self._take_ring(cupy.cuda.Device().id)

@@ -6,7 +6,7 @@ The path of one call:
    host-array bytes below the threshold with no device array -> call the function as written.
 2. Otherwise scan the arguments, ask the cost model (the static rule, or the adaptive model's
    choice once the static checks allow the GPU) for a Decision (with a reason).
-3. GPU: inside ``cupy.cuda.Device(d)`` copy host arrays to the device, run the substituted
+3. GPU: with device d current, copy host arrays to the device, run the substituted
    clone without waiting for the copies, synchronise, copy results (and ``writes=``
    arguments) back, record telemetry.
 4. A GPU-specific failure re-runs the function on the CPU with the caller's original arguments

@@ -363,6 +363,6 @@ def gpu_lanes_for(runtime: Runtime, scheduler: Scheduler) -> GpuLanes:
         return config.memory_headroom * nbytes <= free_bytes * config.gpu_memory_fraction
 
     return scheduler.lanes("threads", lambda: GpuLanes(
-        [device.ordinal for device in gpu_context.devices], STREAMS_PER_DEVICE, CudaBinding(),
+        list(gpu_context.ordinals), STREAMS_PER_DEVICE, CudaBinding(),
         fits))
 

@@ -385,7 +385,7 @@ class ParIter(Generic[T]):
 def device_workers_for(runtime: Runtime) -> DeviceWorkers:
     """The runtime's device worker processes, started on first use (see DeviceWorkers)."""
     assert runtime.gpu
-    ordinals = [device.ordinal for device in runtime.gpu.devices]
+    ordinals = list(runtime.gpu.ordinals)
     return runtime.scheduler.lanes("processes",
                                    lambda: DeviceWorkers(ordinals, runtime.config))
 
