@@ -6,6 +6,7 @@ binary units are spelled ``KiB``, ``MiB``, ``GiB``, ``TiB``.
 
 from __future__ import annotations
 
+import functools
 import re
 
 _UNIT_BYTES: dict[str, int] = {
@@ -29,6 +30,7 @@ def parse_size(text: str) -> int:
     return int(float(number) * _UNIT_BYTES[unit.lower()])
 
 
+@functools.lru_cache(maxsize=4096)  # decisions format the same sizes call after call
 def format_bytes(count: float) -> str:
     """Format a byte count with a decimal unit and one decimal: ``12.0 KB``, ``3.2 GB``."""
     for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):

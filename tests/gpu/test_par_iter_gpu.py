@@ -92,6 +92,29 @@ def test_each_lane_uses_its_own_stream_and_lanes_overlap(gpu_runtime: veda.Runti
     assert overlap > 0, "items on the two streams were never in flight at the same time"
 
 
+def test_an_item_that_leaves_another_stream_current_does_not_move_the_next(
+        gpu_runtime: veda.Runtime) -> None:
+    import cupy
+
+    from vedart.parallel.gpu_lanes import current_lane
+
+    on_lane_stream: list[bool] = []
+
+    def process_and_leave_a_stream(M: Any) -> Any:
+        lane = current_lane()
+        assert lane is not None
+        on_lane_stream.append(cupy.cuda.get_current_stream() == lane.stream)
+        result = (M @ M.T).sum(axis=0)
+        cupy.cuda.Stream(non_blocking=True).use()  # left current, as careless user code might
+        return result
+
+    mats = matrices(12, seed=4)
+    device = gpu_runtime.gpu.devices[0].ordinal
+    assert_same(par_iter(mats).gpu_map(process_and_leave_a_stream, device=device).collect(),
+                [process(M) for M in mats])
+    assert on_lane_stream == [True] * 12
+
+
 def test_lane_items_fall_back_raise_and_release_their_staging(
         gpu_runtime: veda.Runtime) -> None:
     import gc

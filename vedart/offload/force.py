@@ -35,12 +35,18 @@ def force(path: str) -> Iterator[None]:
         forced_path.reset(token)
 
 
-@contextmanager
-def prefer_device(ordinal: int) -> Iterator[None]:
+class prefer_device:  # noqa: N801 (a context manager used like a function, as ``force``)
     """Within the block, GPU decisions of @gpu functions without ``device=`` and without CuPy
-    arguments use device ``ordinal`` (its free memory is still checked)."""
-    token = preferred_device.set(ordinal)
-    try:
-        yield
-    finally:
-        preferred_device.reset(token)
+    arguments use device ``ordinal`` (its free memory is still checked). A class, not a
+    generator: gpu_map enters it three times per item."""
+
+    __slots__ = ("_ordinal", "_token")
+
+    def __init__(self, ordinal: int) -> None:
+        self._ordinal = ordinal
+
+    def __enter__(self) -> None:
+        self._token = preferred_device.set(self._ordinal)
+
+    def __exit__(self, *exc_info: object) -> None:
+        preferred_device.reset(self._token)
