@@ -24,7 +24,7 @@ from vedart.errors import ConfigError, ParIterError
 from vedart.parallel.par_iter import ParIter, par_iter
 from vedart.parallel.progress import PlainProgress
 from vedart.parallel.scheduler import MAX_CHUNK, WINDOW_PER_THREAD, Scheduler
-from vedart.parallel.task import Task
+from vedart.tasks import Task
 
 THREADS = 4
 examples = settings(max_examples=40, deadline=None,

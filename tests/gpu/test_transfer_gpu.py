@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import threading
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 
 import vedart as veda
 from vedart.gpu.transfer import TransferEngine, Tuning
+from vedart.tasks import Task
 
 pytestmark = pytest.mark.gpu
 
@@ -132,13 +132,16 @@ def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
         def __init__(self) -> None:
             self.submitted = 0
 
-        def submit(self, work: Any, *args: Any) -> Future[Any]:
+        def submit(self, task: Task[Any]) -> Task[Any]:
             self.submitted += 1
             if self.submitted == 3:
-                failed: Future[Any] = Future()
-                failed.set_exception(RuntimeError("injected staging failure"))
-                return failed
-            return staging_threads.submit(work, *args)
+                task.cancel()  # never runs: a failed fill stands in for it
+
+                def fail() -> None:
+                    raise RuntimeError("injected staging failure")
+
+                return staging_threads.submit(Task(fail))
+            return staging_threads.submit(task)
 
     host = np.random.default_rng(11).standard_normal(3 * MB // 8)  # 12 chunks, 3 buffers
     before = host.copy()

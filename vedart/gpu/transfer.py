@@ -31,14 +31,15 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
 
 from vedart import lifecycle
 from vedart.gpu.pinned import PinnedPool
+from vedart.tasks import Task, TaskThreads
 
 MIB = 2**20
 HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable (CuPy names no constant for it)
@@ -126,19 +127,18 @@ class TransferEngine:
         self.pinned = PinnedPool(pinned_limit)
         self._lock = threading.Lock()
         self._idle_rings: dict[int, list[StagingRing]] = defaultdict(list)
-        self._executor: ThreadPoolExecutor | None = None
+        self._staging_threads: TaskThreads | None = None
         self._closed = False
         self._registered: list[tuple[int, int]] = []  # [start, end) of register_host ranges
 
-    def _fill_pool(self) -> ThreadPoolExecutor:
+    def _fill_pool(self) -> TaskThreads:
         """The staging threads (started on first use); RuntimeError once closed."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the transfer engine is closed (its runtime shut down)")
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.tuning.threads,
-                                                    thread_name_prefix="vedart-staging")
-            return self._executor
+            if self._staging_threads is None:
+                self._staging_threads = TaskThreads(self.tuning.threads, "vedart-staging")
+            return self._staging_threads
 
     def _take_ring(self, device: int) -> StagingRing | None:
         with self._lock:
@@ -220,9 +220,10 @@ class TransferEngine:
         np.copyto(pinned, array, casting="equiv")  # any layout, any byte order
         return Staged(pinned)
 
-    def submit_staging(self, work: Callable[[], T]) -> Future[T]:
-        """Run ``work`` (typically :meth:`stage` calls) on the staging threads."""
-        return self._fill_pool().submit(work)
+    def submit_staging(self, work: Callable[[], T]) -> Task[T]:
+        """Run ``work`` (typically :meth:`stage` calls) on the staging threads; a thread that
+        waits for the task's result while it is still queued runs it itself."""
+        return self._fill_pool().submit(Task(work))
 
     def upload(self, value: Staged | np.ndarray) -> Any:
         """A CuPy copy, on the current device and ordered on the current stream, of a
@@ -260,20 +261,20 @@ class TransferEngine:
                                           cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
             ring.events[slot].record(stream)
 
-        executor = self._fill_pool()
-        pending: dict[int, Future[None]] = {
-            index: executor.submit(fill, index) for index in range(min(count, len(chunks)))}
+        threads = self._fill_pool()
+        pending: dict[int, Task[None]] = {
+            index: threads.submit(Task(partial(fill, index)))
+            for index in range(min(count, len(chunks)))}
         try:
             for index in range(len(chunks)):
                 pending.pop(index).result()
                 send(index)
                 if index + count < len(chunks):
-                    pending[index + count] = executor.submit(fill, index + count)
+                    pending[index + count] = threads.submit(Task(partial(fill, index + count)))
         finally:
-            for future in pending.values():  # on failure: no fill may touch the ring later
-                future.cancel()
-                if not future.cancelled():
-                    future.exception()
+            for task in pending.values():  # on failure: no fill may touch the ring later
+                if not task.cancel():
+                    task.wait()
 
     def to_host(self, array: Any) -> np.ndarray:
         """A NumPy copy of the CuPy ``array``: pinned (pooled) when large enough and within the
@@ -313,9 +314,10 @@ class TransferEngine:
     def close(self) -> None:
         """Stop the staging threads and free pinned memory not held by result arrays."""
         with self._lock:
-            executor, self._executor, self._closed = self._executor, None, True
-        if executor is not None:
-            executor.shutdown(wait=True)
+            threads, self._staging_threads, self._closed = self._staging_threads, None, True
+        if threads is not None:
+            threads.close(cancel_queued=False)
+            threads.join()
         self.empty_cache()
         with self._lock:
             registered, self._registered = self._registered, []

@@ -21,7 +21,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from contextvars import copy_context
 from dataclasses import dataclass, field
 from functools import partial
@@ -46,7 +45,7 @@ from vedart.parallel.scheduler import (
     Scheduler,
     in_context,
 )
-from vedart.parallel.task import Task
+from vedart.tasks import Task
 from vedart.telemetry import Placement, Telemetry
 
 if TYPE_CHECKING:
@@ -157,7 +156,7 @@ class _LaneItem:
     of the thread that dispatched it. ``task`` delivers its one-item Batch."""
 
     def __init__(self, reader: GpuMapReader, call: LaneCall, origin: int, nbytes: int,
-                 staging: Future[None] | None) -> None:
+                 staging: Task[None] | None) -> None:
         self._reader = reader
         self._call: LaneCall | None = call
         self._origin = origin
@@ -294,7 +293,7 @@ class GpuMapReader(ItemwiseReader):
         lanes.enqueue(work, nbytes)
         self._push(work.task)
 
-    def _stage(self, call: LaneCall) -> Future[None] | None:
+    def _stage(self, call: LaneCall) -> Task[None] | None:
         """Start copying the call's mid-size inputs into pinned memory, if it has any."""
         engine = self._engine
         if engine is None or not call.stages(engine):

@@ -26,7 +26,7 @@ from vedart.parallel.device_workers import (
     payload_bytes,
 )
 from vedart.parallel.scheduler import ChunkPolicy, ItemwiseReader, in_context, wait_for
-from vedart.parallel.task import Task
+from vedart.tasks import Task
 from vedart.telemetry import Placement
 
 if TYPE_CHECKING:

@@ -13,7 +13,6 @@ Contracts:
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from abc import abstractmethod
@@ -26,7 +25,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from vedart.errors import ParIterError
 from vedart.parallel.batch import Batch, Reader, Stage
-from vedart.parallel.task import Task
+from vedart.tasks import Task, TaskThreads
 
 R = TypeVar("R")
 
@@ -50,15 +49,10 @@ class Scheduler:
 
     def __init__(self, threads: int) -> None:
         self.threads = threads
-        self._queue: queue.SimpleQueue[Task[Any] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._idle = 0
         self._closed = False
         self._lanes: dict[str, Lanes] = {}
-        self._workers = [threading.Thread(target=self._work, name=f"vedart-worker-{number}",
-                                          daemon=True) for number in range(threads)]
-        for worker in self._workers:
-            worker.start()
+        self._workers = TaskThreads(threads, "vedart-worker")
 
     @property
     def closed(self) -> bool:
@@ -66,17 +60,11 @@ class Scheduler:
 
     def submit(self, task: Task[R]) -> Task[R]:
         """Queue ``task`` for the workers (cancelled at once when the scheduler is shut down)."""
-        with self._lock:
-            if not self._closed:
-                self._queue.put(task)
-                return task
-        task.cancel()
-        return task
+        return self._workers.submit(task)
 
     def idle_workers(self) -> int:
         """Workers waiting for work that no queued task will take (a snapshot)."""
-        with self._lock:
-            return max(self._idle - self._queue.qsize(), 0)
+        return self._workers.idle()
 
     def lanes(self, kind: str, create: Callable[[], L]) -> L:
         """The lanes of ``kind`` ("threads": the GPU lanes of this process; "processes": one
@@ -108,33 +96,10 @@ class Scheduler:
                 return
             self._closed = True
             lanes = list(self._lanes.values())
-        while True:
-            try:
-                task = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if task is not None:
-                task.cancel()
-        for _ in self._workers:
-            self._queue.put(None)
+        self._workers.close(cancel_queued=True)
         for each in lanes:
             each.shutdown()
-        current = threading.current_thread()
-        for worker in self._workers:
-            if worker is not current:
-                worker.join()
-
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            task = self._queue.get()
-            with self._lock:
-                self._idle -= 1
-            if task is None:
-                return
-            if task.claim():
-                task.run()
+        self._workers.join()
 
 
 def shut_down_error() -> ParIterError:
