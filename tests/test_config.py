@@ -152,6 +152,15 @@ def test_format_bytes(count: int, text: str) -> None:
     assert format_bytes(count) == text
 
 
+def test_format_bytes_of_other_number_types_is_not_confused_with_cached_ints() -> None:
+    import numpy as np
+
+    assert format_bytes(np.float32(1_050_000)) == "1.0 MB"  # float32 arithmetic
+    assert format_bytes(1_050_000.0) == "1.1 MB"
+    assert format_bytes(1_050_000) == "1.1 MB"
+    assert format_bytes(np.array(5.0)) == "5 B"  # not hashable: not cached
+
+
 def test_as_dict_is_json_friendly() -> None:
     import json
 

@@ -447,3 +447,8 @@ def test_prefer_device_steers_decisions_without_a_device_option() -> None:
         assert explain(big(4_000_000)).device == 1
         assert explain(big(4_000_000), device=0).device == 0
     assert explain(big(4_000_000)).device == 0
+    block = prefer_device(1)
+    with block, pytest.raises(RuntimeError, match="already entered"):
+        with block:
+            pass
+    assert explain(big(4_000_000)).device == 0  # the outer block was left cleanly

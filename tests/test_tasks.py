@@ -3,6 +3,8 @@ FIFO order, idle counts, and closing with or without the queued tasks."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -121,3 +123,27 @@ def test_closing_cancels_or_drains_the_queue_and_refuses_new_tasks(cancel_queued
     with pytest.raises(CancelledError):
         late.result()
     assert not any(thread.name.startswith("test-close") for thread in threading.enumerate())
+
+
+def test_waiting_without_time_only_looks() -> None:
+    task: Task[int] = Task(lambda: 1)
+    assert not task.wait(timeout=0) and not task.wait(timeout=-1)
+    assert task.result() == 1
+    assert task.wait(timeout=0) and task.wait(timeout=-1)
+
+
+EXIT_SCRIPT = """
+import atexit, sys, time
+from vedart.tasks import Task, TaskThreads
+done = []
+atexit.register(lambda: print("atexit sees the task done:", bool(done), flush=True))
+threads = TaskThreads(1, "exit-test", finish_at_exit=sys.argv[1] == "finish")
+threads.submit(Task(lambda: (time.sleep(0.3), done.append(1)), helpable=False))
+"""
+
+
+@pytest.mark.parametrize(("mode", "done"), [("finish", True), ("leave", False)])
+def test_finish_at_exit_runs_queued_tasks_before_atexit_handlers(mode: str, done: bool) -> None:
+    result = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, mode], capture_output=True,
+                            text=True, timeout=60, check=True)
+    assert result.stdout.strip() == f"atexit sees the task done: {done}"

@@ -150,6 +150,14 @@ def test_a_closed_engine_refuses_staging_work_instead_of_restarting_threads() ->
         engine.submit_staging(lambda: 42)
 
 
+def test_staging_threads_closed_under_a_caller_refuse_its_work_with_the_engine_error() -> None:
+    engine = TransferEngine(2**20)
+    engine._fill_pool().close(cancel_queued=True)  # as a close racing a submit would leave it
+    with pytest.raises(RuntimeError, match="transfer engine is closed"):
+        engine.submit_staging(lambda: 42)
+    engine.close()
+
+
 def test_a_copy_of_a_pinned_arrays_memory_holder_does_not_give_the_block_back_again() -> None:
     pool, _ = make_pool(limit=8 * 2**20)
     array = pool.array((10,), np.dtype(np.uint8))

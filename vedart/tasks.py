@@ -11,6 +11,7 @@ waiting for each took 11-17 us per task through ``concurrent.futures.ThreadPoolE
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from collections.abc import Callable
@@ -88,13 +89,20 @@ class Task(Generic[R]):
                 self._finished.release()
             return self._state == _CANCELLED
 
+    def is_cancelled(self) -> bool:
+        """Whether the task was cancelled before it ran."""
+        return self._state == _CANCELLED
+
     def wait(self, timeout: float | None = None) -> bool:
         """Whether the task finished (or was cancelled), waiting at most ``timeout`` seconds
-        (None: until it has); never runs it here."""
+        (None: until it has; zero or less: not at all); never runs it here."""
         if self._state >= _DONE:
             return True
-        if not self._finished.acquire(timeout=-1 if timeout is None else timeout):
-            return False
+        if timeout is None:
+            with self._finished:  # released again even if the wait is interrupted
+                return True
+        if timeout <= 0 or not self._finished.acquire(timeout=timeout):
+            return self._state >= _DONE
         self._finished.release()  # for the next waiter
         return True
 
@@ -104,7 +112,7 @@ class Task(Generic[R]):
         if self._helpable and self.claim():
             self.run()
         self.wait()
-        if self._state == _CANCELLED:
+        if self.is_cancelled():
             raise CancelledError()
         if self._error is not None:
             raise self._error
@@ -113,9 +121,13 @@ class Task(Generic[R]):
 
 class TaskThreads:
     """``count`` daemon threads named ``{name}-0``, ``{name}-1``, ... that take submitted tasks
-    in FIFO order and run those still unclaimed. Thread-safe."""
+    in FIFO order and run those still unclaimed. Thread-safe.
 
-    def __init__(self, count: int, name: str) -> None:
+    With ``finish_at_exit``, interpreter exit waits for the queued tasks before any ``atexit``
+    handler runs, as it does for ``concurrent.futures`` threads: staging work must not be
+    copying into pinned or shared memory while exit handlers free it."""
+
+    def __init__(self, count: int, name: str, *, finish_at_exit: bool = False) -> None:
         self._queue: queue.SimpleQueue[Task[object] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0
@@ -124,6 +136,12 @@ class TaskThreads:
                                           daemon=True) for number in range(count)]
         for thread in self._threads:
             thread.start()
+        if finish_at_exit:
+            _at_thread_exit(self._finish)
+
+    def _finish(self) -> None:
+        self.close(cancel_queued=False)
+        self.join()
 
     def submit(self, task: Task[R]) -> Task[R]:
         """Queue ``task`` and return it (cancelled at once after :meth:`close`)."""
@@ -176,3 +194,16 @@ class TaskThreads:
                 return
             if task.claim():
                 task.run()
+
+
+def _at_thread_exit(callback: Callable[[], None]) -> None:
+    """Call ``callback`` at interpreter exit before ``atexit`` handlers: through the hook
+    ``concurrent.futures`` uses (CPython 3.9+), else as an ``atexit`` handler."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        atexit.register(callback)
+        return
+    try:
+        register(callback)
+    except RuntimeError:  # the interpreter is already shutting down
+        pass

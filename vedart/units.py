@@ -30,9 +30,19 @@ def parse_size(text: str) -> int:
     return int(float(number) * _UNIT_BYTES[unit.lower()])
 
 
-@functools.lru_cache(maxsize=4096)  # decisions format the same sizes call after call
 def format_bytes(count: float) -> str:
     """Format a byte count with a decimal unit and one decimal: ``12.0 KB``, ``3.2 GB``."""
+    if type(count) is int:  # decisions format the same int sizes call after call
+        return _format_int_bytes(count)
+    return _format_bytes(count)
+
+
+@functools.lru_cache(maxsize=4096)
+def _format_int_bytes(count: int) -> str:
+    return _format_bytes(count)
+
+
+def _format_bytes(count: float) -> str:
     for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
         if abs(count) >= scale:
             return f"{count / scale:.1f} {unit}"

@@ -113,6 +113,10 @@ class StagingRing:
         self.blocks = []
 
 
+def _closed_error() -> RuntimeError:
+    return RuntimeError("the transfer engine is closed (its runtime shut down)")
+
+
 def _bytes_at(address: int, nbytes: int) -> np.ndarray:
     import ctypes
 
@@ -135,10 +139,18 @@ class TransferEngine:
         """The staging threads (started on first use); RuntimeError once closed."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("the transfer engine is closed (its runtime shut down)")
+                raise _closed_error()
             if self._staging_threads is None:
-                self._staging_threads = TaskThreads(self.tuning.threads, "vedart-staging")
+                self._staging_threads = TaskThreads(self.tuning.threads, "vedart-staging",
+                                                    finish_at_exit=True)
             return self._staging_threads
+
+    def _submit(self, threads: TaskThreads, task: Task[T]) -> Task[T]:
+        """``task`` queued on ``threads``; RuntimeError when the engine closed meanwhile."""
+        threads.submit(task)
+        if task.is_cancelled():
+            raise _closed_error()
+        return task
 
     def _take_ring(self, device: int) -> StagingRing | None:
         with self._lock:
@@ -223,7 +235,7 @@ class TransferEngine:
     def submit_staging(self, work: Callable[[], T]) -> Task[T]:
         """Run ``work`` (typically :meth:`stage` calls) on the staging threads; a thread that
         waits for the task's result while it is still queued runs it itself."""
-        return self._fill_pool().submit(Task(work))
+        return self._submit(self._fill_pool(), Task(work))
 
     def upload(self, value: Staged | np.ndarray) -> Any:
         """A CuPy copy, on the current device and ordered on the current stream, of a
@@ -263,14 +275,15 @@ class TransferEngine:
 
         threads = self._fill_pool()
         pending: dict[int, Task[None]] = {
-            index: threads.submit(Task(partial(fill, index)))
+            index: self._submit(threads, Task(partial(fill, index)))
             for index in range(min(count, len(chunks)))}
         try:
             for index in range(len(chunks)):
                 pending.pop(index).result()
                 send(index)
                 if index + count < len(chunks):
-                    pending[index + count] = threads.submit(Task(partial(fill, index + count)))
+                    pending[index + count] = self._submit(threads,
+                                                          Task(partial(fill, index + count)))
         finally:
             for task in pending.values():  # on failure: no fill may touch the ring later
                 if not task.cancel():

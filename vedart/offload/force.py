@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 
 from vedart.errors import ConfigError
 
@@ -38,15 +38,21 @@ def force(path: str) -> Iterator[None]:
 class prefer_device:  # noqa: N801 (a context manager used like a function, as ``force``)
     """Within the block, GPU decisions of @gpu functions without ``device=`` and without CuPy
     arguments use device ``ordinal`` (its free memory is still checked). A class, not a
-    generator: gpu_map enters it three times per item."""
+    generator: gpu_map enters it three times per item. One instance is entered once at a time
+    (``with prefer_device(d):`` makes a new one each time)."""
 
     __slots__ = ("_ordinal", "_token")
 
     def __init__(self, ordinal: int) -> None:
         self._ordinal = ordinal
+        self._token: Token[int | None] | None = None
 
     def __enter__(self) -> None:
+        if self._token is not None:
+            raise RuntimeError("prefer_device: this block is already entered")
         self._token = preferred_device.set(self._ordinal)
 
     def __exit__(self, *exc_info: object) -> None:
-        preferred_device.reset(self._token)
+        token, self._token = self._token, None
+        assert token is not None
+        preferred_device.reset(token)
