@@ -147,10 +147,10 @@ class TransferEngine:
 
     def _submit(self, threads: TaskThreads, task: Task[T]) -> Task[T]:
         """``task`` queued on ``threads``; RuntimeError when the engine closed meanwhile."""
-        threads.submit(task)
-        if task.is_cancelled():
+        queued = threads.submit(task)
+        if queued.is_cancelled():
             raise _closed_error()
-        return task
+        return queued
 
     def _take_ring(self, device: int) -> StagingRing | None:
         with self._lock:
