@@ -11,7 +11,7 @@ from concurrent.futures import CancelledError
 
 import pytest
 
-from vedart.tasks import Task, TaskThreads
+from vedart.tasks import Task, TaskThreads, drain
 
 
 def test_a_task_runs_once_and_every_waiter_sees_its_value() -> None:
@@ -134,7 +134,7 @@ def test_waiting_without_time_only_looks() -> None:
 
 EXIT_SCRIPT = """
 import atexit, sys, time
-from vedart.tasks import Task, TaskThreads
+from vedart.tasks import Task, TaskThreads, drain
 done = []
 atexit.register(lambda: print("atexit sees the task done:", bool(done), flush=True))
 threads = TaskThreads(1, "exit-test", finish_at_exit=sys.argv[1] == "finish")
@@ -147,3 +147,13 @@ def test_finish_at_exit_runs_queued_tasks_before_atexit_handlers(mode: str, done
     result = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, mode], capture_output=True,
                             text=True, timeout=60, check=True)
     assert result.stdout.strip() == f"atexit sees the task done: {done}"
+
+
+def test_drain_takes_what_a_queue_holds_without_waiting() -> None:
+    import queue
+
+    source: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+    for value in (1, None, 3):
+        source.put(value)
+    assert drain(source) == [1, None, 3]
+    assert drain(source) == [] and source.empty()

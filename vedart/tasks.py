@@ -19,6 +19,7 @@ from concurrent.futures import CancelledError
 from typing import Generic, TypeVar
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 _QUEUED, _RUNNING, _DONE, _CANCELLED = range(4)
 
@@ -165,11 +166,7 @@ class TaskThreads:
                 return
             self._closed = True
             if cancel_queued:
-                while True:
-                    try:
-                        task = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
+                for task in drain(self._queue):
                     if task is not None:
                         task.cancel()
             for _ in self._threads:
@@ -194,6 +191,16 @@ class TaskThreads:
                 return
             if task.claim():
                 task.run()
+
+
+def drain(source: queue.SimpleQueue[T]) -> list[T]:
+    """Everything ``source`` holds now, taken without waiting (for cancelling queued work)."""
+    taken: list[T] = []
+    while True:
+        try:
+            taken.append(source.get_nowait())
+        except queue.Empty:
+            return taken
 
 
 def _at_thread_exit(callback: Callable[[], None]) -> None:

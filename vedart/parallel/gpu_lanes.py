@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vedart.tasks import drain
+
 STREAMS_PER_DEVICE = 2
 ITEMS_PER_STREAM = 8  # one on the device, the rest queued or staging ahead of it
 REFILL_AT = 0.25  # the dispatcher is woken when a device has drained to this share of its capacity
@@ -236,11 +238,7 @@ class DeviceLanes:
                 return
             self._closed = True
             self._admission.notify_all()
-        while True:
-            try:
-                entry = self._queue.get_nowait()
-            except queue.Empty:
-                break
+        for entry in drain(self._queue):
             if entry is not None:
                 entry[0].cancel()
                 self._release(entry[1])
