@@ -1,5 +1,5 @@
-"""Transfer-engine logic that needs no GPU: chunk planning, size classes, pinned-limit
-accounting and block reuse, layout decisions."""
+"""Transfer-engine logic that needs no GPU: size classes, pinned-limit accounting and block
+reuse, layout decisions (the staging loop's pieces and slots: test_staging_loop.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,7 @@ from fakes import FakeProbe
 
 import vedart as veda
 from vedart.gpu.pinned import PinnedPool, size_class
-from vedart.gpu.transfer import (
-    TransferEngine,
-    contiguous_layout,
-    native_byte_order,
-    plan_chunks,
-)
+from vedart.gpu.transfer import TransferEngine, contiguous_layout, native_byte_order
 
 
 class HostBlock:
@@ -39,20 +34,6 @@ def make_pool(limit: int) -> tuple[PinnedPool, list[int]]:
         return HostBlock(size)
 
     return PinnedPool(limit, allocate), allocations
-
-
-@pytest.mark.parametrize(
-    ("nbytes", "chunk", "plan"),
-    [(10, 4, [(0, 4), (4, 4), (8, 2)]), (8, 4, [(0, 4), (4, 4)]), (3, 4, [(0, 3)]), (0, 4, [])],
-)
-def test_plan_chunks(nbytes: int, chunk: int, plan: list[tuple[int, int]]) -> None:
-    assert plan_chunks(nbytes, chunk) == plan
-
-
-def test_plan_chunks_covers_every_byte_once() -> None:
-    chunks = plan_chunks(100_000_007, 8 * 2**20)
-    assert sum(size for _, size in chunks) == 100_000_007
-    assert all(a + s == b for (a, s), (b, _) in zip(chunks, chunks[1:]))
 
 
 @pytest.mark.parametrize(("nbytes", "size"), [(1, 65536), (65537, 131072), (2**21, 2**21),

@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer repetitions")
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bench.add_argument("--sweep", action="store_true",
-                       help="transfer suite: also sweep chunk size, buffers and threads")
+                       help="transfer suite: also sweep piece size, slots and workers")
     bench.add_argument("--plot", metavar="FILE.png",
                        help="ops suite: draw crossover curves (needs matplotlib)")
     bench.set_defaults(handler=_bench)

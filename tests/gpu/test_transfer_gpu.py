@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import ctypes
 import gc
+import itertools
 import threading
 from typing import Any
 
@@ -10,8 +13,8 @@ import numpy as np
 import pytest
 
 import vedart as veda
+from vedart.gpu.staging_loop import COPY_TO_DEVICE
 from vedart.gpu.transfer import TransferEngine, Tuning
-from vedart.tasks import Task
 
 pytestmark = pytest.mark.gpu
 
@@ -22,10 +25,10 @@ DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"
 
 @pytest.fixture()
 def engine() -> Any:
-    # Small chunks and a low cutoff so modest arrays go through the staging ring (from 1 MiB)
-    # over several ring turns, and smaller ones direct.
-    engine = TransferEngine(2 * 2**30, Tuning(chunk_bytes=256 * 1024, min_chunk_bytes=64 * 1024,
-                                              pool_from=MB, buffers=3, threads=4))
+    # Small pieces and a low cutoff so modest arrays go through the staging ring (from 1 MiB)
+    # over several turns of each worker's slots, and smaller ones direct.
+    engine = TransferEngine(2 * 2**30, Tuning(piece_bytes=256 * 1024, min_piece_bytes=64 * 1024,
+                                              pool_from=MB, slots=3, threads=4))
     yield engine
     engine.close()
 
@@ -124,29 +127,25 @@ def test_concurrent_transfers_from_8_threads(engine: TransferEngine) -> None:
 
 def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
         engine: TransferEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    staging_threads = engine._fill_pool()
+    real = engine._driver_calls
+    assert real is not None
+    Copy = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_int64] * 4)
+    forward = Copy(int(real.addresses[COPY_TO_DEVICE]))
+    copies = itertools.count(1)
 
-    class FailingThirdFill:
-        """The staging threads, except that the third chunk's fill fails."""
+    def third_copy_fails(target: int, slot: int, size: int, stream: int) -> int:
+        if next(copies) == 3:
+            return 700  # CUDA_ERROR_ILLEGAL_ADDRESS
+        return int(forward(target, slot, size, stream))
 
-        def __init__(self) -> None:
-            self.submitted = 0
-
-        def submit(self, task: Task[Any]) -> Task[Any]:
-            self.submitted += 1
-            if self.submitted == 3:
-                task.cancel()  # never runs: a failed fill stands in for it
-
-                def fail() -> None:
-                    raise RuntimeError("injected staging failure")
-
-                return staging_threads.submit(Task(fail))
-            return staging_threads.submit(task)
-
-    host = np.random.default_rng(11).standard_normal(3 * MB // 8)  # 12 chunks, 3 buffers
+    failing_copy = Copy(third_copy_fails)
+    failing = copy.copy(real)
+    failing.addresses = real.addresses.copy()
+    failing.addresses[COPY_TO_DEVICE] = ctypes.cast(failing_copy, ctypes.c_void_p).value
+    host = np.random.default_rng(11).standard_normal(3 * MB // 8)  # 12 pieces, 3 slots each
     before = host.copy()
-    monkeypatch.setattr(engine, "_fill_pool", FailingThirdFill)
-    with pytest.raises(RuntimeError, match="injected staging failure"):
+    monkeypatch.setitem(engine.__dict__, "_driver_calls", failing)
+    with pytest.raises(RuntimeError, match="CUDA driver status 700 \\(CUDA_ERROR_ILLEGAL_ADDRESS"):
         engine.to_device(host)
     monkeypatch.undo()
     np.testing.assert_array_equal(host, before)
@@ -158,7 +157,7 @@ def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
 def test_pinned_results_stay_under_the_limit_and_fall_back_to_pageable() -> None:
     import cupy
 
-    engine = TransferEngine(8 * MB, Tuning(chunk_bytes=MB, buffers=2))
+    engine = TransferEngine(8 * MB, Tuning(piece_bytes=MB, slots=1, threads=2))
     device = cupy.asarray(np.arange(3 * MB // 8, dtype=np.float64))
     held = [engine.to_host(device) for _ in range(5)]  # 3 MiB each: only one fits beside the ring
     assert all(np.array_equal(h, held[0]) for h in held)

@@ -3,13 +3,13 @@
 Measured on the lent H100 (2026-11-22): ``cupy.asarray`` from pageable memory runs at 6-9 GB/s
 and ``.get()`` at 3-11 GB/s, while pinned memory reaches 54 GB/s both ways. So:
 
-- host -> device: arrays of at least ``Tuning.pool_from`` bytes are split into chunks (of
-  ``Tuning.chunk_bytes``, finer for arrays of only a few chunks); a
-  thread pool copies chunks into a ring of pinned staging buffers (NumPy copies release the
-  GIL) while the previous chunks are copied to the device asynchronously on the current CUDA
-  stream. Each buffer has a CUDA event, and a buffer is refilled only after the copy out of it
-  has completed. Smaller arrays go direct (``cupy.asarray``): from 1.5 to 12 MB, staging them
-  through the ring on the calling thread measured 0.95-1.05x its speed on the H100.
+- host -> device: arrays of at least ``Tuning.pool_from`` bytes go through a staging ring:
+  the calling thread and the staging threads each copy pieces of the array into their own
+  pinned slots and queue the copies from those slots to the device, in a compiled loop that
+  runs without the interpreter lock (:mod:`vedart.gpu.staging_loop`). Each slot has a CUDA
+  event, and a slot is refilled only after the copy out of it has completed. Smaller arrays go
+  direct (``cupy.asarray``): from 1.5 to 12 MB, staging them through a ring on the calling
+  thread measured 0.95-1.05x its speed on the H100.
 - host -> device, staged ahead: :meth:`TransferEngine.stage` copies a mid-size array (from
   ``Tuning.stage_from`` up to ``Tuning.pool_from``) into pooled pinned memory on one of the
   staging threads, ahead of time, and :meth:`TransferEngine.upload` later sends it to the
@@ -32,14 +32,17 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, TypeVar
+from functools import cached_property, partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from vedart import lifecycle
 from vedart.gpu.pinned import PinnedPool
 from vedart.tasks import Task, TaskThreads
+
+if TYPE_CHECKING:
+    from vedart.gpu.staging_loop import DriverCalls
 
 MIB = 2**20
 HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable (CuPy names no constant for it)
@@ -48,22 +51,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Tuning:
-    """Transfer parameters, chosen by ``python -m vedart bench transfer --sweep`` on the H100
-    (2026-11-22: 4 MiB chunks, 16 buffers, 8 threads gave 40 GB/s at 256 MB, the best of 48
-    combinations; docs/performance.md records it)."""
+    """Transfer parameters, chosen on the lent H100 (2026-11-23: 1 MiB pieces, 4 slots per
+    worker and 8 workers; docs/performance.md records the measurements)."""
 
     stage_from: int = 1 * MIB          # stage() copies arrays ahead from this size
     pinned_result_from: int = 64 * 1024  # device -> host: from this size results are pinned
-    chunk_bytes: int = 4 * MIB
-    min_chunk_bytes: int = 1 * MIB    # arrays of a few chunks are cut finer, down to this
     pool_from: int = 16 * MIB         # to_device: the staging ring from here, cupy.asarray below
-    buffers: int = 16
-    threads: int = 8
-
-
-def plan_chunks(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
-    """(offset, size) of each chunk covering ``nbytes`` bytes, all ``chunk_bytes`` but the last."""
-    return [(offset, min(chunk_bytes, nbytes - offset)) for offset in range(0, nbytes, chunk_bytes)]
+    piece_bytes: int = 1 * MIB        # the most one worker copies and sends in one step
+    min_piece_bytes: int = 128 * 1024  # pieces shrink towards the end of an array to this
+    slots: int = 4                    # pinned slots of piece_bytes per worker
+    threads: int = 8                  # workers per transfer (the caller and staging threads)
 
 
 def native_byte_order(array: np.ndarray) -> np.ndarray:
@@ -90,22 +87,30 @@ class Staged:
 
 
 class StagingRing:
-    """``buffers`` pinned blocks of ``chunk_bytes`` for one device, each with a CUDA event."""
+    """Pinned slots for one device's transfers: ``tuning.slots`` blocks of
+    ``tuning.piece_bytes`` per worker, each with a CUDA event, and a stream the pieces are sent
+    on."""
 
     def __init__(self, pinned: PinnedPool, device: int, tuning: Tuning) -> None:
         import cupy
 
         self.device = device
         self.blocks: list[Any] = []
-        for _ in range(tuning.buffers):
-            block = pinned.take(tuning.chunk_bytes)
+        for _ in range(tuning.threads * tuning.slots):
+            block = pinned.take(tuning.piece_bytes)
             if block is None:
                 self.release_to(pinned)
                 raise MemoryError("pinned memory limit reached")
             self.blocks.append(block)
-        self.views = [_bytes_at(block.ptr, tuning.chunk_bytes) for block in self.blocks]
         with cupy.cuda.Device(device):
             self.events = [cupy.cuda.Event(disable_timing=True) for _ in self.blocks]
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        addresses = np.array([block.ptr for block in self.blocks], dtype=np.int64)
+        events = np.array([event.ptr for event in self.events], dtype=np.int64)
+        count = tuning.slots
+        # (slot addresses, slot events) of each worker
+        self.worker_slots = [(addresses[start:start + count], events[start:start + count])
+                             for start in range(0, len(self.blocks), count)]
 
     def release_to(self, pinned: PinnedPool) -> None:
         for block in self.blocks:
@@ -115,12 +120,6 @@ class StagingRing:
 
 def _closed_error() -> RuntimeError:
     return RuntimeError("the transfer engine is closed (its runtime shut down)")
-
-
-def _bytes_at(address: int, nbytes: int) -> np.ndarray:
-    import ctypes
-
-    return np.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=np.uint8)
 
 
 class TransferEngine:
@@ -196,21 +195,29 @@ class TransferEngine:
             return target
         if array.nbytes < self.tuning.pool_from:
             return cupy.asarray(array)
-        layout = contiguous_layout(array)
-        if layout is None:
-            array, layout = np.ascontiguousarray(array), "C"
-        ring = self._take_ring(cupy.cuda.Device().id)
-        if ring is None:  # pinned budget spent on results: copy without staging
+        driver = self._driver_calls
+        ring = None if driver is None else self._take_ring(cupy.cuda.Device().id)
+        if driver is None or ring is None:  # no compiled loop here, or no pinned budget left
             return cupy.asarray(array)
         try:
+            layout = contiguous_layout(array)
+            if layout is None:
+                array, layout = np.ascontiguousarray(array), "C"
             target = cupy.empty(array.shape, array.dtype, order=layout)
-            # Arrays of a few chunks are cut finer so every staging thread has a share.
-            chunk = min(self.tuning.chunk_bytes, max(self.tuning.min_chunk_bytes,
-                                                   array.nbytes // self.tuning.threads))
-            self._stream_in(ring, np.ravel(array, order="K").view(np.uint8), target.data.ptr, chunk)
+            self._send(ring, driver, array, target.data.ptr)
         finally:
             self._return_ring(ring)
         return target
+
+    @cached_property
+    def _driver_calls(self) -> DriverCalls | None:
+        """The C calls of the compiled staging loop; None without Numba or the CUDA driver
+        library (large arrays then go direct)."""
+        try:
+            from vedart.gpu.staging_loop import open_driver_calls
+        except ImportError:
+            return None
+        return open_driver_calls()
 
     def stages(self, array: np.ndarray) -> bool:
         """Whether :meth:`stage` would copy ``array`` ahead (a mid-size array outside
@@ -252,42 +259,47 @@ class TransferEngine:
                                       cupy.cuda.get_current_stream().ptr)
         return target
 
-    def _stream_in(self, ring: StagingRing, source: np.ndarray, target_address: int,
-                   chunk_bytes: int) -> None:
+    def _send(self, ring: StagingRing, driver: DriverCalls, source: np.ndarray,
+              target_address: int) -> None:
+        """Copy the contiguous ``source`` to device memory at ``target_address`` through
+        ``ring``, ordered on the current stream: the calling thread and up to
+        ``tuning.threads - 1`` staging threads each run the compiled loop of
+        :mod:`vedart.gpu.staging_loop` on their own slots. Raises the first failing CUDA call's
+        error once every worker has stopped; the ring stays usable."""
         import cupy
 
-        stream = cupy.cuda.get_current_stream()
-        chunks = plan_chunks(source.nbytes, chunk_bytes)
-        count = len(ring.blocks)
+        from vedart.gpu.staging_loop import copy_and_send
 
-        def fill(index: int) -> None:
-            offset, size = chunks[index]
-            slot = index % count
-            ring.events[slot].synchronize()  # the copy out of this buffer has finished
-            np.copyto(ring.views[slot][:size], source[offset:offset + size])
+        current = cupy.cuda.get_current_stream()
+        # The target may reuse memory that work queued on the current stream still uses.
+        ring.stream.wait_event(current.record())
+        tuning, nbytes = self.tuning, source.nbytes
+        workers = min(tuning.threads, -(-nbytes // tuning.piece_bytes))
+        counter = np.zeros(1, dtype=np.int64)  # bytes claimed so far, shared by the workers
+        send = partial(copy_and_send, counter, nbytes, tuning.piece_bytes,
+                       tuning.min_piece_bytes, workers, source.ctypes.data, target_address)
+        stream, context, calls = ring.stream.ptr, driver.current_context(), driver.addresses
 
-        def send(index: int) -> None:
-            offset, size = chunks[index]
-            slot = index % count
-            cupy.cuda.runtime.memcpyAsync(target_address + offset, ring.blocks[slot].ptr, size,
-                                          cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
-            ring.events[slot].record(stream)
+        def work(worker: int) -> int:
+            addresses, events = ring.worker_slots[worker]
+            return int(send(addresses, events, stream, context, calls))
 
-        threads = self._fill_pool()
-        pending: dict[int, Task[None]] = {
-            index: self._submit(threads, Task(partial(fill, index)))
-            for index in range(min(count, len(chunks)))}
+        tasks: list[Task[int]] = []
         try:
-            for index in range(len(chunks)):
-                pending.pop(index).result()
-                send(index)
-                if index + count < len(chunks):
-                    pending[index + count] = self._submit(threads,
-                                                          Task(partial(fill, index + count)))
+            threads = self._fill_pool()
+            tasks.extend(self._submit(threads, Task(partial(work, worker)))
+                         for worker in range(1, workers))
+            statuses = [work(0)] + [task.result() for task in tasks]
         finally:
-            for task in pending.values():  # on failure: no fill may touch the ring later
+            counter[0] = nbytes  # after a failure here: the workers still running stop
+            for task in tasks:
                 if not task.cancel():
                     task.wait()
+            # Until the pieces have landed, the target must not be freed or read.
+            current.wait_event(ring.stream.record())
+        status = next((status for status in statuses if status), 0)
+        if status:
+            raise driver.error(status)
 
     def to_host(self, array: Any) -> np.ndarray:
         """A NumPy copy of the CuPy ``array``: pinned (pooled) when large enough and within the

@@ -1,0 +1,214 @@
+"""The compiled staging loop (vedart.gpu.staging_loop) with stand-ins for the CUDA driver: host
+memory plays the device, and every call is logged."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from vedart.gpu import staging_loop
+from vedart.gpu.staging_loop import DriverCalls, copy_and_send, open_driver_calls
+
+KIB = 1024
+I64 = ctypes.c_int64
+Call1 = ctypes.CFUNCTYPE(ctypes.c_int, I64)
+Call2 = ctypes.CFUNCTYPE(ctypes.c_int, I64, I64)
+Call4 = ctypes.CFUNCTYPE(ctypes.c_int, I64, I64, I64, I64)
+
+
+class FakeDriver:
+    """Stand-ins for the four driver calls; ``copy_to_device`` copies host to host and fails
+    with ``fail_status`` on call number ``fail_at`` (1-based) when set."""
+
+    def __init__(self, fail_at: int | None = None, fail_status: int = 700) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self.lock = threading.Lock()
+        self.copies = 0
+        self.fail_at, self.fail_status = fail_at, fail_status
+
+        def set_context(context: int) -> int:
+            self._record("context", threading.get_ident(), context)
+            return 0
+
+        def synchronize(event: int) -> int:
+            self._record("sync", event)
+            return 0
+
+        def copy_to_device(target: int, slot: int, size: int, stream: int) -> int:
+            with self.lock:
+                self.copies += 1
+                if self.copies == self.fail_at:
+                    return self.fail_status
+            ctypes.memmove(target, slot, size)
+            self._record("copy", target, slot, size, stream)
+            return 0
+
+        def record(event: int, stream: int) -> int:
+            self._record("record", event, stream)
+            return 0
+
+        # Kept as attributes: the callbacks must outlive every call through their addresses.
+        self.callbacks = (Call1(set_context), Call1(synchronize), Call4(copy_to_device),
+                          Call2(record))
+        libc = ctypes.CDLL(None)
+        self.calls = np.array([staging_loop._address(libc.memcpy)]
+                              + [staging_loop._address(callback) for callback in self.callbacks],
+                              dtype=np.int64)
+
+    def _record(self, *entry: Any) -> None:
+        with self.lock:
+            self.log.append(entry)
+
+
+class Slots:
+    """``workers`` x ``count`` host buffers of ``size`` bytes standing in for pinned slots,
+    with made-up event handles."""
+
+    def __init__(self, workers: int, count: int, size: int) -> None:
+        self.buffers = [np.empty(size, np.uint8) for _ in range(workers * count)]
+        self.addresses = np.array([b.ctypes.data for b in self.buffers], np.int64)
+        self.events = np.arange(1000, 1000 + workers * count, dtype=np.int64)
+        self.count = count
+
+    def of(self, worker: int) -> tuple[np.ndarray, np.ndarray]:
+        start = worker * self.count
+        return self.addresses[start:start + self.count], self.events[start:start + self.count]
+
+
+def run_workers(driver: FakeDriver, source: np.ndarray, target: np.ndarray, workers: int,
+                slots: Slots, piece: int, min_piece: int, counter: np.ndarray) -> list[int]:
+    statuses = [0] * workers
+
+    def work(worker: int) -> None:
+        addresses, events = slots.of(worker)
+        statuses[worker] = copy_and_send(counter, source.nbytes, piece, min_piece, workers,
+                                         source.ctypes.data, target.ctypes.data, addresses,
+                                         events, 77, 55, driver.calls)
+
+    threads = [threading.Thread(target=work, args=(worker,)) for worker in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return statuses
+
+
+@pytest.mark.parametrize(("nbytes", "workers"), [(1, 1), (300 * KIB + 7, 3), (2_000_003, 4),
+                                                 (5 * 2**20, 8)])
+def test_every_byte_arrives_once_from_several_workers(nbytes: int, workers: int) -> None:
+    source = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    target = np.zeros_like(source)
+    driver = FakeDriver()
+    counter = np.zeros(1, np.int64)
+    piece, min_piece = 256 * KIB, 16 * KIB
+    statuses = run_workers(driver, source, target, workers, Slots(workers, 2, piece), piece,
+                           min_piece, counter)
+    assert statuses == [0] * workers
+    np.testing.assert_array_equal(target, source)
+    spans = sorted((entry[1] - target.ctypes.data, entry[3])
+                   for entry in driver.log if entry[0] == "copy")
+    assert spans[0][0] == 0 and sum(size for _, size in spans) == nbytes
+    assert all(start + size == following for (start, size), (following, _)
+               in itertools.pairwise(spans))  # disjoint and gap-free
+    assert all(entry[4] == 77 for entry in driver.log if entry[0] == "copy")  # the given stream
+    contexts = [entry for entry in driver.log if entry[0] == "context"]
+    assert len(contexts) == workers and {entry[2] for entry in contexts} == {55}
+
+
+def test_pieces_shrink_towards_the_end_but_not_below_the_minimum() -> None:
+    source = np.random.default_rng(1).integers(0, 256, 10 * 2**20 + 5, dtype=np.uint8)
+    target = np.zeros_like(source)
+    driver = FakeDriver()
+    piece, min_piece = 2**20, 64 * KIB
+    assert run_workers(driver, source, target, 1, Slots(1, 3, piece), piece, min_piece,
+                       np.zeros(1, np.int64)) == [0]
+    sizes = [entry[3] for entry in driver.log if entry[0] == "copy"]
+    assert sizes[0] == piece and max(sizes) == piece
+    assert sizes == sorted(sizes, reverse=True)
+    assert min(sizes[:-1]) == min_piece  # the tail is cut down to the minimum ...
+    assert 0 < sizes[-1] <= min_piece    # ... and the last piece is what is left
+    np.testing.assert_array_equal(target, source)
+
+
+def test_a_slot_is_refilled_only_after_waiting_for_the_copy_out_of_it() -> None:
+    source = np.random.default_rng(2).integers(0, 256, 9 * 64 * KIB, dtype=np.uint8)
+    target = np.zeros_like(source)
+    driver = FakeDriver()
+    slots = Slots(1, 2, 64 * KIB)
+    run_workers(driver, source, target, 1, slots, 64 * KIB, 64 * KIB, np.zeros(1, np.int64))
+    steps = [entry for entry in driver.log if entry[0] != "context"]
+    assert len(steps) == 3 * 9
+    for turn in range(9):  # per piece: wait on the slot's event, copy out of it, record it
+        sync, copy, record = steps[3 * turn:3 * turn + 3]
+        slot = turn % 2
+        assert sync == ("sync", slots.events[slot])
+        assert copy[0] == "copy" and copy[2] == slots.addresses[slot]
+        assert record == ("record", slots.events[slot], 77)
+
+
+def test_a_failed_copy_stops_every_worker_and_returns_its_status() -> None:
+    source = np.random.default_rng(3).integers(0, 256, 4 * 2**20, dtype=np.uint8)
+    before = source.copy()
+    target = np.zeros_like(source)
+    driver = FakeDriver(fail_at=3, fail_status=700)
+    counter = np.zeros(1, np.int64)
+    slots = Slots(2, 2, 256 * KIB)
+    statuses = run_workers(driver, source, target, 2, slots, 256 * KIB, 256 * KIB, counter)
+    assert 700 in statuses and set(statuses) <= {0, 700}
+    assert counter[0] >= source.nbytes  # nothing left to claim
+    copied = sum(entry[3] for entry in driver.log if entry[0] == "copy")
+    assert copied < source.nbytes  # stopped early, not after every piece
+    np.testing.assert_array_equal(source, before)  # the source is only read
+    # A later worker of the same transfer finds nothing to do.
+    late = FakeDriver()
+    addresses, events = slots.of(0)
+    assert copy_and_send(counter, source.nbytes, 256 * KIB, 256 * KIB, 2, source.ctypes.data,
+                         target.ctypes.data, addresses, events, 77, 55, late.calls) == 0
+    assert [entry[0] for entry in late.log] == ["context"]
+
+
+class FakeErrorDriver:
+    """A driver library stand-in for DriverCalls: the five functions and error naming."""
+
+    def __init__(self) -> None:
+        self.name, self.text = ctypes.c_char_p(b"CUDA_ERROR_ILLEGAL_ADDRESS"), ctypes.c_char_p(
+            b"an illegal memory access was encountered")
+        Naming = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
+
+        def name(status: int, out: Any) -> int:
+            out[0] = self.name
+            return 0
+
+        def text(status: int, out: Any) -> int:
+            out[0] = self.text
+            return 0
+
+        noop = Call1(lambda value: 0)
+        self.cuCtxSetCurrent = self.cuEventSynchronize = self.cuMemcpyHtoDAsync_v2 = noop
+        self.cuEventRecord = self.cuCtxGetCurrent = noop
+        self.cuGetErrorName, self.cuGetErrorString = Naming(name), Naming(text)
+
+
+def test_driver_errors_name_the_status() -> None:
+    calls = DriverCalls(ctypes.CDLL(None), FakeErrorDriver())  # type: ignore[arg-type]
+    assert calls.addresses.shape == (5,) and (calls.addresses != 0).all()
+    message = str(calls.error(700))
+    assert "CUDA driver status 700" in message
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered" in message
+
+
+def test_no_driver_calls_without_the_driver_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = ctypes.CDLL
+
+    def without_cuda(name: str | None, *args: Any, **kwargs: Any) -> Any:
+        if name == "libcuda.so.1":
+            raise OSError("libcuda.so.1: cannot open shared object file")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(ctypes, "CDLL", without_cuda)
+    assert open_driver_calls() is None

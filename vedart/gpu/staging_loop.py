@@ -1,0 +1,155 @@
+"""The loop that moves one large host array to the device through pinned staging slots, run by
+several threads at once with the interpreter lock released.
+
+Each worker of a transfer (the calling thread and the transfer engine's staging threads) runs
+:func:`copy_and_send` once. Until the array is used up, it claims the next piece from a counter
+the workers share (an atomic add), waits until the copy out of its own next slot has completed
+(the slot's CUDA event), copies the piece into the slot, queues the copy from the slot to the
+device on the ring's stream and records the slot's event. A slot belongs to one worker, so no
+slot is refilled before its own worker has queued the copy out of it. Pieces shrink towards
+the end of the array (at most a ``2 x workers``-th of what is left, never under ``min_piece``)
+so the workers finish together.
+
+Why compiled: on the lent H100 (2026-11-23) the same scheme with the per-piece steps in Python
+reached 14-19 GB/s, and the engine before this one, whose staging threads filled chunks that
+the calling thread sent, 22-25 GB/s at 64 MB; this loop reached 29-32 GB/s on the same
+instance (docs/performance.md). Python's per-piece work runs under the one interpreter lock, so
+it serialises the workers; here the only Python is one call per worker.
+
+The C functions (``memcpy`` and four CUDA driver calls) are called through addresses passed in
+``calls``, so the compiled loop holds no address of this process and Numba caches it on disk;
+tests pass stand-ins.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+# Positions in the ``calls`` array (see :func:`cuda_calls`).
+MEMCPY, SET_CONTEXT, EVENT_SYNCHRONIZE, COPY_TO_DEVICE, EVENT_RECORD = range(5)
+
+
+@intrinsic
+def _fetch_add(typingctx: Any, counter: Any, amount: Any) -> Any:
+    """``counter[0] += amount`` as one atomic step; the value before the add."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.atomic_rmw("add", array.data, args[1], "seq_cst")
+
+    return types.int64(counter, types.int64), codegen
+
+
+def _call_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    """Call the C function at address ``args[0]`` with the other arguments as 64-bit ints."""
+    word = ir.IntType(64)
+    function_type = ir.FunctionType(ir.IntType(32), [word] * (len(args) - 1))
+    function = builder.inttoptr(args[0], function_type.as_pointer())
+    return builder.call(function, [context.cast(builder, value, kind, types.int64)
+                                   for value, kind in zip(args[1:], signature.args[1:])])
+
+
+@intrinsic
+def _call1(typingctx: Any, address: Any, a: Any) -> Any:
+    return types.int32(types.int64, a), _call_codegen
+
+
+@intrinsic
+def _call2(typingctx: Any, address: Any, a: Any, b: Any) -> Any:
+    return types.int32(types.int64, a, b), _call_codegen
+
+
+@intrinsic
+def _call3(typingctx: Any, address: Any, a: Any, b: Any, c: Any) -> Any:
+    return types.int32(types.int64, a, b, c), _call_codegen
+
+
+@intrinsic
+def _call4(typingctx: Any, address: Any, a: Any, b: Any, c: Any, d: Any) -> Any:
+    return types.int32(types.int64, a, b, c, d), _call_codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def copy_and_send(counter: np.ndarray, nbytes: int, piece: int, min_piece: int, workers: int,
+                  source: int, target: int, slot_addresses: np.ndarray,
+                  slot_events: np.ndarray, stream: int, context: int,
+                  calls: np.ndarray) -> int:  # pragma: no cover - compiled; tested through calls
+    """One worker's share of sending ``nbytes`` from host address ``source`` to device address
+    ``target`` (see the module docstring). ``counter`` is a one-element int64 array shared by
+    the transfer's workers, 0 at the start; ``slot_addresses`` and ``slot_events`` are this
+    worker's pinned slots (each of at least ``piece`` bytes) and their CUDA events. Returns 0,
+    or the first failing CUDA call's status, after which every worker stops at its next piece.
+    """
+    status = _call1(calls[SET_CONTEXT], context)
+    slots = slot_addresses.size
+    turn = 0
+    while status == 0:
+        left = nbytes - _fetch_add(counter, 0)
+        size = max(min_piece, min(piece, left // (2 * workers)))
+        offset = _fetch_add(counter, size)
+        if offset >= nbytes:
+            return 0
+        size = min(size, nbytes - offset)
+        slot = turn % slots
+        status = _call1(calls[EVENT_SYNCHRONIZE], slot_events[slot])
+        if status == 0:
+            _call3(calls[MEMCPY], slot_addresses[slot], source + offset, size)
+            status = _call4(calls[COPY_TO_DEVICE], target + offset, slot_addresses[slot], size,
+                            stream)
+        if status == 0:
+            status = _call2(calls[EVENT_RECORD], slot_events[slot], stream)
+        turn += 1
+    _fetch_add(counter, nbytes)  # the other workers stop at their next claim
+    return status
+
+
+def _address(function: Any) -> int:
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
+
+
+class DriverCalls:
+    """The C functions :func:`copy_and_send` calls, resolved once: ``addresses`` holds, in the
+    positions named above, the C library's ``memcpy`` and the CUDA driver's
+    ``cuCtxSetCurrent``, ``cuEventSynchronize``, ``cuMemcpyHtoDAsync_v2`` and
+    ``cuEventRecord``."""
+
+    def __init__(self, libc: ctypes.CDLL, driver: ctypes.CDLL) -> None:
+        self.addresses = np.array([_address(libc.memcpy), _address(driver.cuCtxSetCurrent),
+                                   _address(driver.cuEventSynchronize),
+                                   _address(driver.cuMemcpyHtoDAsync_v2),
+                                   _address(driver.cuEventRecord)], dtype=np.int64)
+        self._get_context = driver.cuCtxGetCurrent
+        self._error_name, self._error_text = driver.cuGetErrorName, driver.cuGetErrorString
+
+    def current_context(self) -> int:
+        """The CUDA context current on the calling thread (its handle as an int, 0 if none)."""
+        handle = ctypes.c_void_p()
+        status = self._get_context(ctypes.byref(handle))
+        if status != 0:
+            raise RuntimeError(f"cuCtxGetCurrent failed with CUDA status {status}")
+        return handle.value or 0
+
+    def error(self, status: int) -> RuntimeError:
+        """The error to raise for a failed CUDA driver call's ``status``, named as the driver
+        names it."""
+        name, text = ctypes.c_char_p(), ctypes.c_char_p()
+        self._error_name(status, ctypes.byref(name))
+        self._error_text(status, ctypes.byref(text))
+        return RuntimeError(f"copying to the device failed: CUDA driver status {status} "
+                            f"({(name.value or b'unknown').decode()}: "
+                            f"{(text.value or b'no description').decode()})")
+
+
+def open_driver_calls() -> DriverCalls | None:
+    """:class:`DriverCalls` from the C library and ``libcuda.so.1``; None where they cannot be
+    opened by those names (only Linux names are tried)."""
+    try:
+        return DriverCalls(ctypes.CDLL(None), ctypes.CDLL("libcuda.so.1"))
+    except (OSError, AttributeError):
+        return None
