@@ -120,7 +120,7 @@ def test_every_byte_arrives_once_from_several_workers(nbytes: int, workers: int)
     assert len(contexts) == workers and {entry[2] for entry in contexts} == {55}
 
 
-def test_pieces_shrink_towards_the_end_but_not_below_the_minimum() -> None:
+def test_pieces_grow_from_the_minimum_then_shrink_towards_the_end() -> None:
     source = np.random.default_rng(1).integers(0, 256, 10 * 2**20 + 5, dtype=np.uint8)
     target = np.zeros_like(source)
     driver = FakeDriver()
@@ -128,10 +128,12 @@ def test_pieces_shrink_towards_the_end_but_not_below_the_minimum() -> None:
     assert run_workers(driver, source, target, 1, Slots(1, 3, piece), piece, min_piece,
                        np.zeros(1, np.int64)) == [0]
     sizes = [entry[3] for entry in driver.log if entry[0] == "copy"]
-    assert sizes[0] == piece and max(sizes) == piece
-    assert sizes == sorted(sizes, reverse=True)
-    assert min(sizes[:-1]) == min_piece  # the tail is cut down to the minimum ...
-    assert 0 < sizes[-1] <= min_piece    # ... and the last piece is what is left
+    largest = sizes.index(piece)
+    assert sizes[0] == min_piece  # the first copy to the device starts early ...
+    assert sizes[:largest] == sorted(sizes[:largest])  # ... then pieces grow to the largest,
+    assert max(sizes) == piece
+    assert sizes[largest:] == sorted(sizes[largest:], reverse=True)  # and shrink at the end
+    assert min(sizes[:-1]) == min_piece and 0 < sizes[-1] <= min_piece
     np.testing.assert_array_equal(target, source)
 
 

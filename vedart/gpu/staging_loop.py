@@ -6,9 +6,10 @@ Each worker of a transfer (the calling thread and the transfer engine's staging 
 the workers share (an atomic add), waits until the copy out of its own next slot has completed
 (the slot's CUDA event), copies the piece into the slot, queues the copy from the slot to the
 device on the ring's stream and records the slot's event. A slot belongs to one worker, so no
-slot is refilled before its own worker has queued the copy out of it. Pieces shrink towards
-the end of the array (at most a ``2 x workers``-th of what is left, never under ``min_piece``)
-so the workers finish together.
+slot is refilled before its own worker has queued the copy out of it. Pieces start at
+``min_piece`` and grow to ``piece`` (at most half of what was claimed before them), so the first
+copy to the device starts early; towards the end they shrink again (at most a
+``2 x workers``-th of what is left, never under ``min_piece``), so the workers finish together.
 
 Why compiled: on the lent H100 (2026-11-23) the same scheme with the per-piece steps in Python
 reached 14-19 GB/s, and the engine before this one, whose staging threads filled chunks that
@@ -90,8 +91,8 @@ def copy_and_send(counter: np.ndarray, nbytes: int, piece: int, min_piece: int, 
     slots = slot_addresses.size
     turn = 0
     while status == 0:
-        left = nbytes - _fetch_add(counter, 0)
-        size = max(min_piece, min(piece, left // (2 * workers)))
+        claimed = _fetch_add(counter, 0)
+        size = max(min_piece, min(piece, claimed // 2, (nbytes - claimed) // (2 * workers)))
         offset = _fetch_add(counter, size)
         if offset >= nbytes:
             return 0
