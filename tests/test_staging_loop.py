@@ -81,12 +81,13 @@ class Slots:
 
 
 def run_workers(driver: FakeDriver, source: np.ndarray, target: np.ndarray, workers: int,
-                slots: Slots, piece: int, min_piece: int, counter: np.ndarray) -> list[int]:
+                slots: Slots, piece: int, min_piece: int, counter: np.ndarray,
+                nontemporal: bool = True) -> list[int]:
     statuses = [0] * workers
 
     def work(worker: int) -> None:
         addresses, events = slots.of(worker)
-        statuses[worker] = copy_and_send(counter, source.nbytes, piece, min_piece, workers,
+        statuses[worker] = copy_and_send(counter, source.nbytes, piece, min_piece, nontemporal,
                                          source.ctypes.data, target.ctypes.data, addresses,
                                          events, 77, 55, driver.calls)
 
@@ -98,16 +99,18 @@ def run_workers(driver: FakeDriver, source: np.ndarray, target: np.ndarray, work
     return statuses
 
 
+@pytest.mark.parametrize("nontemporal", [True, False])
 @pytest.mark.parametrize(("nbytes", "workers"), [(1, 1), (300 * KIB + 7, 3), (2_000_003, 4),
                                                  (5 * 2**20, 8)])
-def test_every_byte_arrives_once_from_several_workers(nbytes: int, workers: int) -> None:
+def test_every_byte_arrives_once_from_several_workers(nbytes: int, workers: int,
+                                                      nontemporal: bool) -> None:
     source = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
     target = np.zeros_like(source)
     driver = FakeDriver()
     counter = np.zeros(1, np.int64)
     piece, min_piece = 256 * KIB, 16 * KIB
     statuses = run_workers(driver, source, target, workers, Slots(workers, 2, piece), piece,
-                           min_piece, counter)
+                           min_piece, counter, nontemporal)
     assert statuses == [0] * workers
     np.testing.assert_array_equal(target, source)
     spans = sorted((entry[1] - target.ctypes.data, entry[3])
@@ -120,7 +123,7 @@ def test_every_byte_arrives_once_from_several_workers(nbytes: int, workers: int)
     assert len(contexts) == workers and {entry[2] for entry in contexts} == {55}
 
 
-def test_pieces_grow_from_the_minimum_then_shrink_towards_the_end() -> None:
+def test_pieces_grow_from_the_minimum_to_the_largest_and_stay_there() -> None:
     source = np.random.default_rng(1).integers(0, 256, 10 * 2**20 + 5, dtype=np.uint8)
     target = np.zeros_like(source)
     driver = FakeDriver()
@@ -130,11 +133,56 @@ def test_pieces_grow_from_the_minimum_then_shrink_towards_the_end() -> None:
     sizes = [entry[3] for entry in driver.log if entry[0] == "copy"]
     largest = sizes.index(piece)
     assert sizes[0] == min_piece  # the first copy to the device starts early ...
-    assert sizes[:largest] == sorted(sizes[:largest])  # ... then pieces grow to the largest,
-    assert max(sizes) == piece
-    assert sizes[largest:] == sorted(sizes[largest:], reverse=True)  # and shrink at the end
-    assert min(sizes[:-1]) == min_piece and 0 < sizes[-1] <= min_piece
+    assert sizes[:largest] == sorted(sizes[:largest])  # ... then pieces grow to the largest
+    assert all(size <= claimed // 2 or size == min_piece  # (at most half of what came before)
+               for size, claimed in zip(sizes[1:largest], itertools.accumulate(sizes)))
+    # and stay there (no small copies at the end, each with its own fixed cost) but the last
+    assert sizes[largest:-1] == [piece] * (len(sizes) - largest - 1)
+    assert 0 < sizes[-1] <= piece
     np.testing.assert_array_equal(target, source)
+
+
+class LoggingMemcpy:
+    """A ``memcpy`` stand-in that copies and logs each call's size."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+        def memcpy(target: int, source: int, size: int) -> int:
+            ctypes.memmove(target, source, size)
+            self.sizes.append(size)
+            return target
+
+        self.callback = ctypes.CFUNCTYPE(I64, I64, I64, I64)(memcpy)
+        self.address = staging_loop._address(self.callback)
+
+
+@pytest.mark.parametrize("nontemporal", [True, False])
+@pytest.mark.parametrize("size", [0, 1, 63, 64, 65, 200, 4096 + 17, 2**20 + 3])
+@pytest.mark.parametrize("target_offset", [0, 1, 33, 63])
+@pytest.mark.parametrize("source_offset", [0, 5])
+def test_copy_piece_copies_exactly_the_bytes_at_any_alignment(
+        size: int, target_offset: int, source_offset: int, nontemporal: bool) -> None:
+    """Non-temporal: the middle goes through 64-byte blocks, which need an aligned target, and
+    only the unaligned ends through memcpy; otherwise memcpy copies it all. Nothing outside
+    the target range is written."""
+    source = np.random.default_rng(size).integers(0, 256, size + 64, dtype=np.uint8)
+    buffer = np.full(size + 256, 0xAB, dtype=np.uint8)
+    start = -buffer.ctypes.data % 64 + target_offset
+    before = buffer.copy()
+    memcpy = LoggingMemcpy()
+    staging_loop.copy_piece(memcpy.address, buffer.ctypes.data + start,
+                            source.ctypes.data + source_offset, size, nontemporal)
+    np.testing.assert_array_equal(buffer[start:start + size],
+                                  source[source_offset:source_offset + size])
+    np.testing.assert_array_equal(buffer[:start], before[:start])
+    np.testing.assert_array_equal(buffer[start + size:], before[start + size:])
+    if not nontemporal:
+        assert memcpy.sizes == [size]
+    else:
+        head = min(size, -target_offset % 64)
+        middle = (size - head) // 64 * 64
+        assert sum(memcpy.sizes) == size - middle and all(part < 64 for part in memcpy.sizes)
 
 
 def test_a_slot_is_refilled_only_after_waiting_for_the_copy_out_of_it() -> None:
@@ -169,7 +217,7 @@ def test_a_failed_copy_stops_every_worker_and_returns_its_status() -> None:
     # A later worker of the same transfer finds nothing to do.
     late = FakeDriver()
     addresses, events = slots.of(0)
-    assert copy_and_send(counter, source.nbytes, 256 * KIB, 256 * KIB, 2, source.ctypes.data,
+    assert copy_and_send(counter, source.nbytes, 256 * KIB, 256 * KIB, True, source.ctypes.data,
                          target.ctypes.data, addresses, events, 77, 55, late.calls) == 0
     assert [entry[0] for entry in late.log] == ["context"]
 

@@ -83,7 +83,8 @@ def test_round_trip_is_byte_exact(engine: TransferEngine, staging_engine: Transf
 
 
 @pytest.mark.parametrize("how", HOW)
-@pytest.mark.parametrize("layout", ["fortran", "strided", "readonly", "bigendian", "broadcast"])
+@pytest.mark.parametrize("layout", ["fortran", "strided", "readonly", "bigendian", "broadcast",
+                                    "odd_offset"])
 def test_layouts_round_trip(engine: TransferEngine, staging_engine: TransferEngine, how: str,
                             layout: str) -> None:
     base = np.random.default_rng(5).standard_normal((700, 900))
@@ -93,6 +94,8 @@ def test_layouts_round_trip(engine: TransferEngine, staging_engine: TransferEngi
         "readonly": base.copy(),
         "bigendian": base.astype(">f8"),
         "broadcast": np.broadcast_to(base[0], (700, 900)),
+        # contiguous, but its pieces start 3 bytes past any alignment
+        "odd_offset": base.view(np.uint8).ravel()[3:3 + 5_000_001],
     }[layout]
     if layout == "readonly":
         host.flags.writeable = False
@@ -102,6 +105,24 @@ def test_layouts_round_trip(engine: TransferEngine, staging_engine: TransferEngi
     np.testing.assert_array_equal(host, before)  # the caller's array is only read
     if layout == "fortran":
         assert back.flags.f_contiguous
+
+
+@pytest.mark.parametrize("nontemporal_below", [0, 2**40])
+def test_both_ways_of_filling_the_slots_deliver_the_same_bytes(nontemporal_below: int) -> None:
+    """Slots are filled with memcpy from Tuning.nontemporal_below, with non-temporal stores
+    below it; either way every byte arrives, from a source at any alignment."""
+    import cupy
+
+    engine = TransferEngine(2**30, Tuning(piece_bytes=256 * 1024, min_piece_bytes=64 * 1024,
+                                          pool_from=MB, threads=4,
+                                          nontemporal_below=nontemporal_below))
+    try:
+        raw = np.random.default_rng(12).integers(0, 256, 3 * MB + 200, dtype=np.uint8)
+        for offset in (0, 1, 37):
+            host = raw[offset:offset + 3 * MB + 101]
+            assert cupy.asnumpy(engine.to_device(host)).tobytes() == host.tobytes()
+    finally:
+        engine.close()
 
 
 def test_concurrent_transfers_from_8_threads(engine: TransferEngine) -> None:
@@ -142,7 +163,7 @@ def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
     failing = copy.copy(real)
     failing.addresses = real.addresses.copy()
     failing.addresses[COPY_TO_DEVICE] = ctypes.cast(failing_copy, ctypes.c_void_p).value
-    host = np.random.default_rng(11).standard_normal(3 * MB // 8)  # 12 pieces, 3 slots each
+    host = np.random.default_rng(11).standard_normal(3 * MB // 8)  # 16 pieces, 3 slots each
     before = host.copy()
     monkeypatch.setitem(engine.__dict__, "_driver_calls", failing)
     with pytest.raises(RuntimeError, match="CUDA driver status 700 \\(CUDA_ERROR_ILLEGAL_ADDRESS"):

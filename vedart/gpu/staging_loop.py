@@ -8,14 +8,21 @@ the workers share (an atomic add), waits until the copy out of its own next slot
 device on the ring's stream and records the slot's event. A slot belongs to one worker, so no
 slot is refilled before its own worker has queued the copy out of it. Pieces start at
 ``min_piece`` and grow to ``piece`` (at most half of what was claimed before them), so the first
-copy to the device starts early; towards the end they shrink again (at most a
-``2 x workers``-th of what is left, never under ``min_piece``), so the workers finish together.
+copy to the device starts early.
+
+Arrays below ``Tuning.nontemporal_below`` (256 MiB) are copied into the slots with
+non-temporal stores (:func:`copy_piece`), larger ones with ``memcpy``. On the lent H100
+(2026-11-23), non-temporal stores lifted the copy alone from 36 to 49 GB/s (8 threads, 64 MB)
+and a whole 64 MB transfer from 0.54-0.56 to 0.65-0.67 of the pinned peak, but from 512 MB
+they lost 10-20% against ``memcpy``. Pieces used to shrink again towards the end so that the
+workers finish together; that made many small copies to the device, each with its own fixed
+cost, and dropping it gave 0.72-0.74 at 64 MB (docs/performance.md).
 
 Why compiled: on the lent H100 (2026-11-23) the same scheme with the per-piece steps in Python
 reached 14-19 GB/s, and the engine before this one, whose staging threads filled chunks that
 the calling thread sent, 22-25 GB/s at 64 MB; this loop reached 29-32 GB/s on the same
-instance (docs/performance.md). Python's per-piece work runs under the one interpreter lock, so
-it serialises the workers; here the only Python is one call per worker.
+instance. Python's per-piece work runs under the one interpreter lock, so it serialises the
+workers; here the only Python is one call per worker.
 
 The C functions (``memcpy`` and four CUDA driver calls) are called through addresses passed in
 ``calls``, so the compiled loop holds no address of this process and Numba caches it on disk;
@@ -25,16 +32,20 @@ tests pass stand-ins.
 from __future__ import annotations
 
 import ctypes
+import platform
 from typing import Any
 
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 # Positions in the ``calls`` array (see :func:`cuda_calls`).
 MEMCPY, SET_CONTEXT, EVENT_SYNCHRONIZE, COPY_TO_DEVICE, EVENT_RECORD = range(5)
+STREAM_BLOCK = 64  # bytes: what one step of the non-temporal copy moves (a cache line)
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 
 @intrinsic
@@ -54,6 +65,36 @@ def _call_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
     function = builder.inttoptr(args[0], function_type.as_pointer())
     return builder.call(function, [context.cast(builder, value, kind, types.int64)
                                    for value, kind in zip(args[1:], signature.args[1:])])
+
+
+@intrinsic
+def _stream_blocks(typingctx: Any, target: Any, source: Any, blocks: Any) -> Any:
+    """Copy ``blocks`` x 64 bytes from host address ``source`` to host address ``target``,
+    which must be 64-byte aligned, with non-temporal stores, then fence them: they bypass the
+    cache, so the copy neither reads the target first nor evicts what the other workers read.
+    """
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        word = ir.IntType(64)
+        target, source, blocks = (context.cast(builder, value, kind, types.int64)
+                                  for value, kind in zip(args, signature.args))
+        vector = ir.VectorType(word, 4)  # 32 bytes: two per block
+        pointer = vector.as_pointer()
+        nontemporal = builder.module.add_metadata([ir.IntType(32)(1)])
+        with cgutils.for_range(builder, builder.mul(blocks, word(2))) as loop:
+            offset = builder.mul(loop.index, word(32))
+            value = builder.load(builder.inttoptr(builder.add(source, offset), pointer), align=1)
+            store = builder.store(value, builder.inttoptr(builder.add(target, offset), pointer),
+                                  align=32)
+            store.set_metadata("nontemporal", nontemporal)
+        if _X86:  # non-temporal stores are weakly ordered: drain them before the device reads
+            sfence = builder.module.declare_intrinsic(
+                "llvm.x86.sse.sfence", fnty=ir.FunctionType(ir.VoidType(), []))
+            builder.call(sfence, [])
+        else:
+            builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64), codegen
 
 
 @intrinsic
@@ -77,22 +118,43 @@ def _call4(typingctx: Any, address: Any, a: Any, b: Any, c: Any, d: Any) -> Any:
 
 
 @numba.njit(nogil=True, cache=True)
-def copy_and_send(counter: np.ndarray, nbytes: int, piece: int, min_piece: int, workers: int,
-                  source: int, target: int, slot_addresses: np.ndarray,
+def copy_piece(memcpy: int, target: int, source: int, size: int,
+               nontemporal: bool) -> None:  # pragma: no cover - compiled
+    """Copy ``size`` bytes from ``source`` to ``target`` with the C ``memcpy`` at address
+    ``memcpy`` or, when ``nontemporal``, the 64-byte-aligned middle of the target with
+    :func:`_stream_blocks` and only the unaligned ends with ``memcpy``."""
+    if not nontemporal:
+        _call3(memcpy, target, source, size)
+        return
+    head = min(size, -target % STREAM_BLOCK)
+    blocks = (size - head) // STREAM_BLOCK
+    tail = size - head - blocks * STREAM_BLOCK
+    if head:
+        _call3(memcpy, target, source, head)
+    if blocks:
+        _stream_blocks(target + head, source + head, blocks)
+    if tail:
+        _call3(memcpy, target + size - tail, source + size - tail, tail)
+
+
+@numba.njit(nogil=True, cache=True)
+def copy_and_send(counter: np.ndarray, nbytes: int, piece: int, min_piece: int,
+                  nontemporal: bool, source: int, target: int, slot_addresses: np.ndarray,
                   slot_events: np.ndarray, stream: int, context: int,
                   calls: np.ndarray) -> int:  # pragma: no cover - compiled; tested through calls
     """One worker's share of sending ``nbytes`` from host address ``source`` to device address
     ``target`` (see the module docstring). ``counter`` is a one-element int64 array shared by
     the transfer's workers, 0 at the start; ``slot_addresses`` and ``slot_events`` are this
-    worker's pinned slots (each of at least ``piece`` bytes) and their CUDA events. Returns 0,
-    or the first failing CUDA call's status, after which every worker stops at its next piece.
+    worker's pinned slots (each of at least ``piece`` bytes) and their CUDA events;
+    ``nontemporal`` chooses how pieces are copied (:func:`copy_piece`). Returns 0, or the
+    first failing CUDA call's status, after which every worker stops at its next piece.
     """
     status = _call1(calls[SET_CONTEXT], context)
     slots = slot_addresses.size
     turn = 0
     while status == 0:
         claimed = _fetch_add(counter, 0)
-        size = max(min_piece, min(piece, claimed // 2, (nbytes - claimed) // (2 * workers)))
+        size = max(min_piece, min(piece, claimed // 2))
         offset = _fetch_add(counter, size)
         if offset >= nbytes:
             return 0
@@ -100,7 +162,8 @@ def copy_and_send(counter: np.ndarray, nbytes: int, piece: int, min_piece: int, 
         slot = turn % slots
         status = _call1(calls[EVENT_SYNCHRONIZE], slot_events[slot])
         if status == 0:
-            _call3(calls[MEMCPY], slot_addresses[slot], source + offset, size)
+            copy_piece(calls[MEMCPY], slot_addresses[slot], source + offset, size,
+                       nontemporal)
             status = _call4(calls[COPY_TO_DEVICE], target + offset, slot_addresses[slot], size,
                             stream)
         if status == 0:

@@ -5,11 +5,12 @@ and ``.get()`` at 3-11 GB/s, while pinned memory reaches 54 GB/s both ways. So:
 
 - host -> device: arrays of at least ``Tuning.pool_from`` bytes go through a staging ring:
   the calling thread and the staging threads each copy pieces of the array into their own
-  pinned slots and queue the copies from those slots to the device, in a compiled loop that
-  runs without the interpreter lock (:mod:`vedart.gpu.staging_loop`). Each slot has a CUDA
-  event, and a slot is refilled only after the copy out of it has completed. Smaller arrays go
-  direct (``cupy.asarray``): from 1.5 to 12 MB, staging them through a ring on the calling
-  thread measured 0.95-1.05x its speed on the H100.
+  pinned slots (with non-temporal stores below ``Tuning.nontemporal_below``) and queue the
+  copies from those slots to the device, in a compiled loop that runs without the interpreter
+  lock (:mod:`vedart.gpu.staging_loop`). Each slot has a CUDA event, and a slot is refilled
+  only after the copy out of it has completed. Smaller arrays go direct (``cupy.asarray``):
+  from 1.5 to 12 MB, staging them through a ring on the calling thread measured 0.95-1.05x
+  its speed on the H100.
 - host -> device, staged ahead: :meth:`TransferEngine.stage` copies a mid-size array (from
   ``Tuning.stage_from`` up to ``Tuning.pool_from``) into pooled pinned memory on one of the
   staging threads, ahead of time, and :meth:`TransferEngine.upload` later sends it to the
@@ -51,14 +52,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Tuning:
-    """Transfer parameters, chosen on the lent H100 (2026-11-23: 1 MiB pieces, 4 slots per
-    worker and 8 workers; docs/performance.md records the measurements)."""
+    """Transfer parameters, chosen on the lent H100 (2026-11-23: pieces growing from 128 KiB to
+    2 MiB, 4 slots per worker and 8 workers; docs/performance.md records the measurements)."""
 
     stage_from: int = 1 * MIB          # stage() copies arrays ahead from this size
     pinned_result_from: int = 64 * 1024  # device -> host: from this size results are pinned
     pool_from: int = 16 * MIB         # to_device: the staging ring from here, cupy.asarray below
-    piece_bytes: int = 1 * MIB        # the most one worker copies and sends in one step
-    min_piece_bytes: int = 128 * 1024  # pieces shrink towards the end of an array to this
+    piece_bytes: int = 2 * MIB        # the most one worker copies and sends in one step
+    min_piece_bytes: int = 128 * 1024  # the first pieces, so the first copy starts early
+    nontemporal_below: int = 256 * MIB  # arrays below this are staged with non-temporal stores
     slots: int = 4                    # pinned slots of piece_bytes per worker
     threads: int = 8                  # workers per transfer (the caller and staging threads)
 
@@ -277,7 +279,8 @@ class TransferEngine:
         workers = min(tuning.threads, -(-nbytes // tuning.piece_bytes))
         counter = np.zeros(1, dtype=np.int64)  # bytes claimed so far, shared by the workers
         send = partial(copy_and_send, counter, nbytes, tuning.piece_bytes,
-                       tuning.min_piece_bytes, workers, source.ctypes.data, target_address)
+                       tuning.min_piece_bytes, nbytes < tuning.nontemporal_below,
+                       source.ctypes.data, target_address)
         stream, context, calls = ring.stream.ptr, driver.current_context(), driver.addresses
 
         def work(worker: int) -> int:
