@@ -8,6 +8,7 @@ import itertools
 import threading
 from typing import Any
 
+import numba
 import numpy as np
 import pytest
 
@@ -262,3 +263,32 @@ def test_no_driver_calls_without_the_driver_library(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(ctypes, "CDLL", without_cuda)
     assert open_driver_calls() is None
+
+
+def test_load_makes_the_loop_ready_for_the_argument_types_of_real_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = DriverCalls(ctypes.CDLL(None), FakeErrorDriver())  # type: ignore[arg-type]
+    monkeypatch.setattr(staging_loop, "open_driver_calls", lambda: calls)
+    loaded: list[tuple[Any, ...]] = []
+    real_loop = staging_loop.copy_and_send
+
+    def recording(*args: Any) -> int:
+        loaded.append(args)
+        return int(real_loop(*args))
+
+    monkeypatch.setattr(staging_loop, "copy_and_send", recording)
+    assert staging_loop.load() is calls
+    assert len(loaded) == 1
+    counter = loaded[0][0]
+    assert counter[0] >= loaded[0][1]  # it moved nothing
+    # The arguments as TransferEngine._send builds them, typed as Numba dispatches on them.
+    source = np.zeros(1000, np.uint8)
+    addresses, events = Slots(2, 2, KIB).of(1)
+    real = (np.zeros(1, dtype=np.int64), source.nbytes, 2**21, 128 * KIB, source.nbytes < 2**28,
+            source.ctypes.data, 12345, addresses, events, 67, 89, calls.addresses)
+    assert [numba.typeof(value) for value in loaded[0]] == [numba.typeof(value) for value in real]
+
+
+def test_load_gives_none_without_the_driver_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(staging_loop, "open_driver_calls", lambda: None)
+    assert staging_loop.load() is None

@@ -1,11 +1,13 @@
 """Transfer-engine logic that needs no GPU: size classes, pinned-limit accounting and block
-reuse, layout decisions (the staging loop's pieces and slots: test_staging_loop.py)."""
+reuse, layout decisions, loading the staging loop (its pieces and slots:
+test_staging_loop.py)."""
 
 from __future__ import annotations
 
 import copy
 import ctypes
 import gc
+import sys
 import threading
 
 import numpy as np
@@ -14,7 +16,8 @@ from fakes import FakeProbe
 
 import vedart as veda
 from vedart.gpu.pinned import PinnedPool, size_class
-from vedart.gpu.transfer import TransferEngine, contiguous_layout, native_byte_order
+from vedart.gpu import transfer
+from vedart.gpu.transfer import LoopLoader, TransferEngine, contiguous_layout, native_byte_order
 
 
 class HostBlock:
@@ -153,3 +156,52 @@ def test_a_copy_of_a_pinned_arrays_memory_holder_does_not_give_the_block_back_ag
     del array, holder
     gc.collect()
     assert pool.used_bytes == 0 and pool.cached_bytes == size_class(10)
+
+
+class BlockingLoad:
+    """A staging-loop load that waits until released, counting the loads started."""
+
+    def __init__(self, result: object = None, error: Exception | None = None) -> None:
+        self.release = threading.Event()
+        self.started = 0
+        self.result, self.error = result, error
+
+    def __call__(self) -> object:
+        self.started += 1
+        self.release.wait(10)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def test_the_staging_loop_loads_in_the_background_once_and_no_caller_waits() -> None:
+    calls = object()
+    load = BlockingLoad(result=calls)
+    loader = LoopLoader(load)  # type: ignore[arg-type]
+    answers: list[object] = []
+    callers = [threading.Thread(target=lambda: answers.append(loader.calls()))
+               for _ in range(8)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(5)
+    assert answers == [None] * 8  # while it loads, nobody waits: large arrays go direct
+    assert loader.wait(timeout=0.05) is None  # still loading
+    load.release.set()
+    assert loader.wait(timeout=5) is calls
+    assert loader.calls() is calls
+    assert load.started == 1
+
+
+def test_a_staging_loop_that_cannot_load_warns_once_and_leaves_copies_direct() -> None:
+    load = BlockingLoad(error=OSError("cannot compile"))
+    load.release.set()
+    loader = LoopLoader(load)  # type: ignore[arg-type]
+    with pytest.warns(RuntimeWarning, match="could not be loaded .*cannot compile.*cupy.asarray"):
+        assert loader.wait(timeout=5) is None
+    assert loader.calls() is None and load.started == 1
+
+
+def test_without_numba_the_staging_loop_is_simply_absent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vedart.gpu.staging_loop", None)  # import fails
+    assert transfer._load_staging_loop() is None

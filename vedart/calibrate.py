@@ -38,6 +38,7 @@ def measure() -> tuple[Calibration, list[str]]:
     import cupy
 
     engine = gpu.transfers
+    engine.loop.wait()  # measure the staging loop, not the direct copies made while it loads
     sync = cupy.cuda.get_current_stream().synchronize
     device = engine.to_device(host)
     tiny = cupy.ones(8, dtype=cupy.float32)

@@ -14,7 +14,7 @@ import pytest
 
 import vedart as veda
 from vedart.gpu.staging_loop import COPY_TO_DEVICE
-from vedart.gpu.transfer import TransferEngine, Tuning
+from vedart.gpu.transfer import STAGING_LOOP, LoopLoader, TransferEngine, Tuning
 
 pytestmark = pytest.mark.gpu
 
@@ -29,6 +29,7 @@ def engine() -> Any:
     # over several turns of each worker's slots, and smaller ones direct.
     engine = TransferEngine(2 * 2**30, Tuning(piece_bytes=256 * 1024, min_piece_bytes=64 * 1024,
                                               pool_from=MB, slots=3, threads=4))
+    assert engine.loop.wait() is not None  # so large arrays take the ring, not the direct copy
     yield engine
     engine.close()
 
@@ -116,6 +117,7 @@ def test_both_ways_of_filling_the_slots_deliver_the_same_bytes(nontemporal_below
     engine = TransferEngine(2**30, Tuning(piece_bytes=256 * 1024, min_piece_bytes=64 * 1024,
                                           pool_from=MB, threads=4,
                                           nontemporal_below=nontemporal_below))
+    assert engine.loop.wait() is not None
     try:
         raw = np.random.default_rng(12).integers(0, 256, 3 * MB + 200, dtype=np.uint8)
         for offset in (0, 1, 37):
@@ -148,7 +150,7 @@ def test_concurrent_transfers_from_8_threads(engine: TransferEngine) -> None:
 
 def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
         engine: TransferEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = engine._driver_calls
+    real = engine.loop.wait()
     assert real is not None
     Copy = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_int64] * 4)
     forward = Copy(int(real.addresses[COPY_TO_DEVICE]))
@@ -165,7 +167,9 @@ def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
     failing.addresses[COPY_TO_DEVICE] = ctypes.cast(failing_copy, ctypes.c_void_p).value
     host = np.random.default_rng(11).standard_normal(3 * MB // 8)  # 16 pieces, 3 slots each
     before = host.copy()
-    monkeypatch.setitem(engine.__dict__, "_driver_calls", failing)
+    failing_loop = LoopLoader(lambda: failing)
+    assert failing_loop.wait() is failing
+    monkeypatch.setattr(engine, "loop", failing_loop)
     with pytest.raises(RuntimeError, match="CUDA driver status 700 \\(CUDA_ERROR_ILLEGAL_ADDRESS"):
         engine.to_device(host)
     monkeypatch.undo()
@@ -173,6 +177,29 @@ def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
     for seed in range(3):  # the same ring, reused
         again = np.random.default_rng(seed).standard_normal(3 * MB // 8)
         assert engine.to_host(engine.to_device(again)).tobytes() == again.tobytes()
+
+
+def test_until_the_staging_loop_is_loaded_large_arrays_go_direct() -> None:
+    import cupy
+
+    release = threading.Event()
+
+    def slow_load() -> Any:
+        release.wait(30)
+        return STAGING_LOOP.wait()
+
+    engine = TransferEngine(2**30, Tuning(pool_from=MB, threads=4), LoopLoader(slow_load))
+    try:
+        host = np.random.default_rng(13).standard_normal(3 * MB // 8)
+        assert np.array_equal(cupy.asnumpy(engine.to_device(host)), host)
+        assert engine.stats()["pinned_used_mb"] == 0  # direct: no staging ring was taken
+        release.set()
+        assert engine.loop.wait(30) is not None
+        assert np.array_equal(cupy.asnumpy(engine.to_device(host)), host)
+        assert engine.stats()["pinned_used_mb"] > 0  # the ring (kept for the next transfer)
+    finally:
+        release.set()
+        engine.close()
 
 
 def test_pinned_results_stay_under_the_limit_and_fall_back_to_pageable() -> None:

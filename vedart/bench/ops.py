@@ -125,6 +125,9 @@ def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     cupy = None
     if runtime.gpu:
         import cupy
+
+        assert runtime.gpu.transfers is not None
+        runtime.gpu.transfers.loop.wait()  # time the staging loop, not the copies made meanwhile
     rows: list[dict[str, Any]] = []
     inputs = {(op, size): make_input(OPS[op][1], OPS[op][2], size, seed=index)
               for index, (op, size) in enumerate((op, s) for op in OPS for s in sizes)}

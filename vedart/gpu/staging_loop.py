@@ -210,6 +210,20 @@ class DriverCalls:
                             f"{(text.value or b'no description').decode()})")
 
 
+def load() -> DriverCalls | None:
+    """:func:`open_driver_calls`, with the compiled loop made ready by one call that moves
+    nothing (Numba compiles it, or reads it from its on-disk cache, on the first call of a
+    process); None where the libraries cannot be opened."""
+    calls = open_driver_calls()
+    if calls is not None:
+        no_slots = np.zeros(1, dtype=np.int64)
+        # The argument types of every real call (see TransferEngine._send); nothing to claim,
+        # and no context (the call's status, not-initialised on a fresh thread, is of no use).
+        copy_and_send(np.zeros(1, dtype=np.int64), 0, 1, 1, True, 0, 0, no_slots, no_slots, 0,
+                      0, calls.addresses)
+    return calls
+
+
 def open_driver_calls() -> DriverCalls | None:
     """:class:`DriverCalls` from the C library and ``libcuda.so.1``; None where they cannot be
     opened by those names (only Linux names are tried)."""

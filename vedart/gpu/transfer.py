@@ -8,9 +8,10 @@ and ``.get()`` at 3-11 GB/s, while pinned memory reaches 54 GB/s both ways. So:
   pinned slots (with non-temporal stores below ``Tuning.nontemporal_below``) and queue the
   copies from those slots to the device, in a compiled loop that runs without the interpreter
   lock (:mod:`vedart.gpu.staging_loop`). Each slot has a CUDA event, and a slot is refilled
-  only after the copy out of it has completed. Smaller arrays go direct (``cupy.asarray``):
-  from 1.5 to 12 MB, staging them through a ring on the calling thread measured 0.95-1.05x
-  its speed on the H100.
+  only after the copy out of it has completed. The loop is loaded in the background on first
+  use (:class:`LoopLoader`); until then such arrays go direct. Smaller arrays go direct
+  (``cupy.asarray``): from 1.5 to 12 MB, staging them through a ring on the calling thread
+  measured 0.95-1.05x its speed on the H100.
 - host -> device, staged ahead: :meth:`TransferEngine.stage` copies a mid-size array (from
   ``Tuning.stage_from`` up to ``Tuning.pool_from``) into pooled pinned memory on one of the
   staging threads, ahead of time, and :meth:`TransferEngine.upload` later sends it to the
@@ -30,10 +31,11 @@ The caller's array is only ever read. Concurrent transfers each take their own s
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -120,6 +122,64 @@ class StagingRing:
         self.blocks = []
 
 
+class LoopLoader:
+    """Loads the compiled staging loop (:mod:`vedart.gpu.staging_loop`) on a background thread,
+    so that no transfer waits for it: on the lent H100 (2026-11-23) importing Numba and reading
+    the loop from its cache took 0.84 s, and compiling it 2.2 s, against 2.5 ms for the 64 MB
+    copy it serves. Until it is loaded, and where it cannot be (no Numba, no CUDA driver
+    library), arrays that would be staged go direct instead. Thread-safe."""
+
+    def __init__(self, load: Callable[[], DriverCalls | None]) -> None:
+        self._load = load
+        self._lock = threading.Lock()
+        self._loaded = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._calls: DriverCalls | None = None
+
+    def calls(self) -> DriverCalls | None:
+        """The loop's C calls once it is loaded; None before that (the first call starts the
+        loading) or where it could not be loaded."""
+        if self._loaded.is_set():
+            return self._calls
+        self._start()
+        return None
+
+    def wait(self, timeout: float | None = None) -> DriverCalls | None:
+        """:meth:`calls`, after starting the loading if need be and waiting up to ``timeout``
+        seconds (None: until it ends) for it. Benchmarks wait so that they time the loop."""
+        self._start()
+        self._loaded.wait(timeout)
+        return self._calls if self._loaded.is_set() else None
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="vedart-loop-loader",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._calls = self._load()
+        except Exception as error:  # the copies still work, only slower: say so, do not raise
+            warnings.warn(f"vedart: the compiled staging loop could not be loaded ({error!r}); "
+                          "large host-to-device copies use cupy.asarray", RuntimeWarning,
+                          stacklevel=1)
+        finally:
+            self._loaded.set()
+
+
+def _load_staging_loop() -> DriverCalls | None:
+    try:
+        from vedart.gpu import staging_loop
+    except ImportError:  # no Numba: large arrays go direct
+        return None
+    return staging_loop.load()
+
+
+STAGING_LOOP = LoopLoader(_load_staging_loop)  # one per process: what it loads is process-wide
+
+
 def _closed_error() -> RuntimeError:
     return RuntimeError("the transfer engine is closed (its runtime shut down)")
 
@@ -127,8 +187,10 @@ def _closed_error() -> RuntimeError:
 class TransferEngine:
     """Moves arrays between host and devices (see the module docstring). Thread-safe."""
 
-    def __init__(self, pinned_limit: int, tuning: Tuning | None = None) -> None:
+    def __init__(self, pinned_limit: int, tuning: Tuning | None = None,
+                 loop: LoopLoader = STAGING_LOOP) -> None:
         self.tuning = tuning or Tuning()
+        self.loop = loop
         self.pinned = PinnedPool(pinned_limit)
         self._lock = threading.Lock()
         self._idle_rings: dict[int, list[StagingRing]] = defaultdict(list)
@@ -197,9 +259,9 @@ class TransferEngine:
             return target
         if array.nbytes < self.tuning.pool_from:
             return cupy.asarray(array)
-        driver = self._driver_calls
+        driver = self.loop.calls()
         ring = None if driver is None else self._take_ring(cupy.cuda.Device().id)
-        if driver is None or ring is None:  # no compiled loop here, or no pinned budget left
+        if driver is None or ring is None:  # no compiled loop (yet), or no pinned budget left
             return cupy.asarray(array)
         try:
             layout = contiguous_layout(array)
@@ -210,16 +272,6 @@ class TransferEngine:
         finally:
             self._return_ring(ring)
         return target
-
-    @cached_property
-    def _driver_calls(self) -> DriverCalls | None:
-        """The C calls of the compiled staging loop; None without Numba or the CUDA driver
-        library (large arrays then go direct)."""
-        try:
-            from vedart.gpu.staging_loop import open_driver_calls
-        except ImportError:
-            return None
-        return open_driver_calls()
 
     def stages(self, array: np.ndarray) -> bool:
         """Whether :meth:`stage` would copy ``array`` ahead (a mid-size array outside
