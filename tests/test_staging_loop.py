@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import numba
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from vedart.gpu import staging_loop
-from vedart.gpu.staging_loop import DriverCalls, copy_and_send, open_driver_calls
+from vedart.gpu.staging_loop import DriverCalls, Transfer, copy_and_send, open_driver_calls
 
 KIB = 1024
 I64 = ctypes.c_int64
@@ -265,30 +266,61 @@ def test_no_driver_calls_without_the_driver_library(monkeypatch: pytest.MonkeyPa
     assert open_driver_calls() is None
 
 
-def test_load_makes_the_loop_ready_for_the_argument_types_of_real_calls(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = DriverCalls(ctypes.CDLL(None), FakeErrorDriver())  # type: ignore[arg-type]
+def test_load_runs_one_transfer_that_moves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = FakeDriver()
+    calls = SimpleNamespace(addresses=driver.calls)
     monkeypatch.setattr(staging_loop, "open_driver_calls", lambda: calls)
-    loaded: list[tuple[Any, ...]] = []
+    assert staging_loop.load() is calls
+    assert [entry[0] for entry in driver.log] == ["context"]  # no wait, copy or record
+
+
+def test_a_transfer_gives_the_loop_the_argument_types_load_compiled_it_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever number types a caller passes, every call reaches the loop with the types of
+    load()'s call, so no transfer makes Numba compile another version."""
+    typed: list[tuple[Any, ...]] = []
     real_loop = staging_loop.copy_and_send
 
     def recording(*args: Any) -> int:
-        loaded.append(args)
+        typed.append(tuple(numba.typeof(value) for value in args))
         return int(real_loop(*args))
 
     monkeypatch.setattr(staging_loop, "copy_and_send", recording)
-    assert staging_loop.load() is calls
-    assert len(loaded) == 1
-    counter = loaded[0][0]
-    assert counter[0] >= loaded[0][1]  # it moved nothing
-    # The arguments as TransferEngine._send builds them, typed as Numba dispatches on them.
-    source = np.zeros(1000, np.uint8)
-    addresses, events = Slots(2, 2, KIB).of(1)
-    real = (np.zeros(1, dtype=np.int64), source.nbytes, 2**21, 128 * KIB, source.nbytes < 2**28,
-            source.ctypes.data, 12345, addresses, events, 67, 89, calls.addresses)
-    assert [numba.typeof(value) for value in loaded[0]] == [numba.typeof(value) for value in real]
+    driver = FakeDriver()
+    monkeypatch.setattr(staging_loop, "open_driver_calls",
+                        lambda: SimpleNamespace(addresses=driver.calls))
+    staging_loop.load()
+    source = np.random.default_rng(4).integers(0, 256, 300 * KIB + 3, dtype=np.uint8)
+    target = np.zeros_like(source)
+    slots = Slots(2, 2, 64 * KIB)
+    transfer = Transfer(np.int64(source.nbytes), np.int32(64 * KIB), 16 * KIB, np.bool_(True),
+                        source.ctypes.data, target.ctypes.data, np.uint64(77), 55, driver.calls)
+    assert [transfer.run(*slots.of(worker)) for worker in range(2)] == [0, 0]
+    np.testing.assert_array_equal(target, source)
+    assert len(typed) == 3 and len(set(typed)) == 1
+
+
+def test_a_stopped_transfer_leaves_its_workers_nothing_to_claim() -> None:
+    driver = FakeDriver()
+    source = np.ones(300 * KIB, np.uint8)
+    transfer = Transfer(source.nbytes, 64 * KIB, 16 * KIB, True, source.ctypes.data,
+                        np.zeros_like(source).ctypes.data, 77, 55, driver.calls)
+    transfer.stop()
+    assert transfer.run(*Slots(1, 2, 64 * KIB).of(0)) == 0
+    assert [entry[0] for entry in driver.log] == ["context"]
 
 
 def test_load_gives_none_without_the_driver_library(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(staging_loop, "open_driver_calls", lambda: None)
     assert staging_loop.load() is None
+
+
+@pytest.mark.skipif(not staging_loop._X86, reason="checks x86 instructions")
+def test_the_non_temporal_copy_compiles_to_streaming_stores_and_a_fence() -> None:
+    """If the compiler dropped the non-temporal hint, every other test would still pass."""
+    uncached = numba.njit(nogil=True)(staging_loop.copy_piece.py_func)
+    signature = (numba.int64, numba.int64, numba.int64, numba.int64, numba.boolean)
+    uncached.compile(signature)
+    assembly = uncached.inspect_asm(signature)
+    assert "movnt" in assembly and "sfence" in assembly
+    assert assembly.index("movnt") < assembly.rindex("sfence")

@@ -9,6 +9,7 @@ import ctypes
 import gc
 import sys
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -17,7 +18,8 @@ from fakes import FakeProbe
 import vedart as veda
 from vedart.gpu.pinned import PinnedPool, size_class
 from vedart.gpu import transfer
-from vedart.gpu.transfer import LoopLoader, TransferEngine, contiguous_layout, native_byte_order
+from vedart.gpu.transfer import (LoopLoader, TransferEngine, Tuning, contiguous_layout,
+                                 native_byte_order)
 
 
 class HostBlock:
@@ -197,11 +199,45 @@ def test_a_staging_loop_that_cannot_load_warns_once_and_leaves_copies_direct() -
     load = BlockingLoad(error=OSError("cannot compile"))
     load.release.set()
     loader = LoopLoader(load)  # type: ignore[arg-type]
-    with pytest.warns(RuntimeWarning, match="could not be loaded .*cannot compile.*cupy.asarray"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         assert loader.wait(timeout=5) is None
-    assert loader.calls() is None and load.started == 1
+        assert loader.calls() is None and loader.wait(timeout=5) is None
+    assert [str(w.message) for w in caught] == [
+        "vedart: the compiled staging loop could not be loaded (OSError('cannot compile')); "
+        "large host-to-device copies use cupy.asarray"]
+    assert load.started == 1
+
+
+def test_a_loader_thread_that_cannot_start_leaves_copies_direct_and_nobody_waiting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    load = BlockingLoad()
+    loader = LoopLoader(load)  # type: ignore[arg-type]
+    with pytest.warns(RuntimeWarning, match="can't start new thread"):
+        assert loader.calls() is None  # the copy goes direct instead of raising
+    assert loader.wait() is None  # returns at once: nothing is loading
+    assert load.started == 0
 
 
 def test_without_numba_the_staging_loop_is_simply_absent(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vedart.gpu import staging_loop  # imported before: the harder case
+
+    monkeypatch.setattr(staging_loop, "load", lambda: "loaded")  # what a bypassed import gives
     monkeypatch.setitem(sys.modules, "vedart.gpu.staging_loop", None)  # import fails
     assert transfer._load_staging_loop() is None
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"threads": 0}, "Tuning.threads: got 0; allowed: >= 1"),
+    ({"piece_bytes": 0, "min_piece_bytes": 0}, "Tuning.piece_bytes: got 0; allowed: >= 1"),
+    ({"piece_bytes": 2**20, "min_piece_bytes": 2**21},
+     r"Tuning.min_piece_bytes: got 2097152; allowed: at most piece_bytes \(1048576\)"),
+])
+def test_tuning_refuses_values_the_staging_loop_cannot_work_with(fields: dict[str, int],
+                                                                message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Tuning(**fields)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vedart.bench.harness import median_seconds
+from vedart.bench.harness import median_seconds, wait_for_staging_loop
 from vedart.lifecycle import get_runtime
 from vedart.offload.adaptive import AdaptiveModel, Calibration
 from vedart.offload.profile import ProfileFile, default_profile_path
@@ -32,13 +32,14 @@ def measure() -> tuple[Calibration, list[str]]:
     cpu_seconds = median_seconds(lambda: _elementwise(host), repeats=5)
     calibration = replace(Calibration(), cpu_bytes_per_s=SAMPLE_BYTES / cpu_seconds)
     measured = ["cpu_bytes_per_s"]
-    gpu = get_runtime().gpu
+    runtime = get_runtime()
+    gpu = runtime.gpu
     if not gpu or gpu.transfers is None:
         return calibration, measured
     import cupy
 
     engine = gpu.transfers
-    engine.loop.wait()  # measure the staging loop, not the direct copies made while it loads
+    wait_for_staging_loop(runtime)
     sync = cupy.cuda.get_current_stream().synchronize
     device = engine.to_device(host)
     tiny = cupy.ones(8, dtype=cupy.float32)

@@ -165,7 +165,7 @@ def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
     failing = copy.copy(real)
     failing.addresses = real.addresses.copy()
     failing.addresses[COPY_TO_DEVICE] = ctypes.cast(failing_copy, ctypes.c_void_p).value
-    host = np.random.default_rng(11).standard_normal(3 * MB // 8)  # 16 pieces, 3 slots each
+    host = np.random.default_rng(11).standard_normal(3 * MB // 8)  # some 16 pieces, 3 slots each
     before = host.copy()
     failing_loop = LoopLoader(lambda: failing)
     assert failing_loop.wait() is failing

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 import vedart as veda
-from vedart.bench.harness import median_seconds
+from vedart.bench.harness import median_seconds, wait_for_staging_loop
 
 TARGET_RATIO = 1.05
 
@@ -35,8 +35,7 @@ def run(quick: bool) -> dict[str, Any]:
         return result
     import cupy
 
-    assert runtime.gpu.transfers is not None
-    runtime.gpu.transfers.loop.wait()  # time the staging loop, not the copies made while it loads
+    wait_for_staging_loop(runtime)
 
     def hand_written() -> np.ndarray:
         return (cupy.asarray(a) @ cupy.asarray(b)).get()

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 import vedart as veda
-from vedart.bench.harness import interleaved_samples
+from vedart.bench.harness import interleaved_samples, wait_for_staging_loop
 from vedart.offload.adaptive import EXPLORE_TRIES
 
 KB = 1024
@@ -126,8 +126,7 @@ def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     if runtime.gpu:
         import cupy
 
-        assert runtime.gpu.transfers is not None
-        runtime.gpu.transfers.loop.wait()  # time the staging loop, not the copies made meanwhile
+        wait_for_staging_loop(runtime)
     rows: list[dict[str, Any]] = []
     inputs = {(op, size): make_input(OPS[op][1], OPS[op][2], size, seed=index)
               for index, (op, size) in enumerate((op, s) for op in OPS for s in sizes)}

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 import vedart as veda
-from vedart.bench.harness import interleaved_medians, median_seconds
+from vedart.bench.harness import interleaved_medians, median_seconds, wait_for_staging_loop
 from vedart.gpu.transfer import TransferEngine, Tuning
 
 MB = 2**20
@@ -124,7 +124,7 @@ def run(quick: bool, sweep: bool = False) -> dict[str, Any]:
 
     engine = runtime.gpu.transfers
     assert engine is not None
-    engine.loop.wait()  # time the staging loop, not the direct copies made while it loads
+    wait_for_staging_loop(runtime)
     repeats = 7 if quick else 11
     rows = [_size_row(cupy, engine, size, repeats) for size in SIZES_MB]
     for row in rows:

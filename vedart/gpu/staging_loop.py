@@ -210,17 +210,40 @@ class DriverCalls:
                             f"{(text.value or b'no description').decode()})")
 
 
+class Transfer:
+    """One transfer's call of :func:`copy_and_send` for each of its workers, with the counter
+    they share. The arguments are converted here, once for every caller, to the types the loop
+    was compiled for (:func:`load` compiles it through this class too), so no call of a
+    transfer makes Numba compile another version."""
+
+    def __init__(self, nbytes: int, piece: int, min_piece: int, nontemporal: bool,
+                 source: int, target: int, stream: int, context: int,
+                 calls: np.ndarray) -> None:
+        self._counter = np.zeros(1, dtype=np.int64)  # bytes claimed so far
+        self._nbytes = int(nbytes)
+        self._head = (self._counter, self._nbytes, int(piece), int(min_piece),
+                      bool(nontemporal), int(source), int(target))
+        self._tail = (int(stream), int(context), np.ascontiguousarray(calls, dtype=np.int64))
+
+    def run(self, slot_addresses: np.ndarray, slot_events: np.ndarray) -> int:
+        """One worker's share, through its own slots (contiguous int64 arrays): 0, or the
+        first failing CUDA call's status."""
+        return int(copy_and_send(*self._head, slot_addresses, slot_events, *self._tail))
+
+    def stop(self) -> None:
+        """Leave nothing more to claim: every worker still running stops at its next piece."""
+        self._counter[0] = self._nbytes
+
+
 def load() -> DriverCalls | None:
-    """:func:`open_driver_calls`, with the compiled loop made ready by one call that moves
-    nothing (Numba compiles it, or reads it from its on-disk cache, on the first call of a
-    process); None where the libraries cannot be opened."""
+    """:func:`open_driver_calls`, with the compiled loop made ready by one transfer that moves
+    nothing (Numba compiles the loop, or reads it from its on-disk cache, on the first call of
+    a process); None where the libraries cannot be opened."""
     calls = open_driver_calls()
     if calls is not None:
         no_slots = np.zeros(1, dtype=np.int64)
-        # The argument types of every real call (see TransferEngine._send); nothing to claim,
-        # and no context (the call's status, not-initialised on a fresh thread, is of no use).
-        copy_and_send(np.zeros(1, dtype=np.int64), 0, 1, 1, True, 0, 0, no_slots, no_slots, 0,
-                      0, calls.addresses)
+        # Nothing to claim, so the loop only makes the context current: none (0) will do.
+        Transfer(0, 1, 1, True, 0, 0, 0, 0, calls.addresses).run(no_slots, no_slots)
     return calls
 
 

@@ -66,6 +66,14 @@ class Tuning:
     slots: int = 4                    # pinned slots of piece_bytes per worker
     threads: int = 8                  # workers per transfer (the caller and staging threads)
 
+    def __post_init__(self) -> None:
+        for name in ("pool_from", "piece_bytes", "min_piece_bytes", "slots", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Tuning.{name}: got {getattr(self, name)}; allowed: >= 1")
+        if self.min_piece_bytes > self.piece_bytes:  # a first piece would overflow its slot
+            raise ValueError(f"Tuning.min_piece_bytes: got {self.min_piece_bytes}; allowed: at "
+                             f"most piece_bytes ({self.piece_bytes})")
+
 
 def native_byte_order(array: np.ndarray) -> np.ndarray:
     """``array``, or a native-byte-order copy of it (CuPy only handles native order)."""
@@ -153,28 +161,39 @@ class LoopLoader:
 
     def _start(self) -> None:
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="vedart-loop-loader",
-                                                daemon=True)
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="vedart-loop-loader",
+                                            daemon=True)
+            try:
                 self._thread.start()
+            except RuntimeError as error:  # no thread to be had (a process limit, exiting)
+                self._give_up(error)
 
     def _run(self) -> None:
         try:
             self._calls = self._load()
-        except Exception as error:  # the copies still work, only slower: say so, do not raise
-            warnings.warn(f"vedart: the compiled staging loop could not be loaded ({error!r}); "
-                          "large host-to-device copies use cupy.asarray", RuntimeWarning,
-                          stacklevel=1)
+        except Exception as error:
+            self._give_up(error)
         finally:
             self._loaded.set()
 
+    def _give_up(self, error: BaseException) -> None:
+        """Copies still work without the loop, only slower: say so once, never raise."""
+        warnings.warn(f"vedart: the compiled staging loop could not be loaded ({error!r}); "
+                      "large host-to-device copies use cupy.asarray", RuntimeWarning,
+                      stacklevel=1)
+        self._loaded.set()
+
 
 def _load_staging_loop() -> DriverCalls | None:
+    """:func:`vedart.gpu.staging_loop.load`; None without Numba (large arrays then go
+    direct)."""
     try:
-        from vedart.gpu import staging_loop
-    except ImportError:  # no Numba: large arrays go direct
+        from vedart.gpu.staging_loop import load
+    except ImportError:
         return None
-    return staging_loop.load()
+    return load()
 
 
 STAGING_LOOP = LoopLoader(_load_staging_loop)  # one per process: what it loads is process-wide
@@ -322,22 +341,20 @@ class TransferEngine:
         error once every worker has stopped; the ring stays usable."""
         import cupy
 
-        from vedart.gpu.staging_loop import copy_and_send
+        from vedart.gpu.staging_loop import Transfer
 
         current = cupy.cuda.get_current_stream()
         # The target may reuse memory that work queued on the current stream still uses.
         ring.stream.wait_event(current.record())
         tuning, nbytes = self.tuning, source.nbytes
         workers = min(tuning.threads, -(-nbytes // tuning.piece_bytes))
-        counter = np.zeros(1, dtype=np.int64)  # bytes claimed so far, shared by the workers
-        send = partial(copy_and_send, counter, nbytes, tuning.piece_bytes,
-                       tuning.min_piece_bytes, nbytes < tuning.nontemporal_below,
-                       source.ctypes.data, target_address)
-        stream, context, calls = ring.stream.ptr, driver.current_context(), driver.addresses
+        transfer = Transfer(nbytes, tuning.piece_bytes, tuning.min_piece_bytes,
+                            nbytes < tuning.nontemporal_below, source.ctypes.data,
+                            target_address, ring.stream.ptr, driver.current_context(),
+                            driver.addresses)
 
         def work(worker: int) -> int:
-            addresses, events = ring.worker_slots[worker]
-            return int(send(addresses, events, stream, context, calls))
+            return transfer.run(*ring.worker_slots[worker])
 
         tasks: list[Task[int]] = []
         try:
@@ -346,7 +363,7 @@ class TransferEngine:
                          for worker in range(1, workers))
             statuses = [work(0)] + [task.result() for task in tasks]
         finally:
-            counter[0] = nbytes  # after a failure here: the workers still running stop
+            transfer.stop()  # after a failure here: the workers still running stop
             for task in tasks:
                 if not task.cancel():
                     task.wait()
