@@ -42,7 +42,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-# Positions in the ``calls`` array (see :func:`cuda_calls`).
+# Positions in the ``calls`` array (see :class:`DriverCalls`).
 MEMCPY, SET_CONTEXT, EVENT_SYNCHRONIZE, COPY_TO_DEVICE, EVENT_RECORD = range(5)
 STREAM_BLOCK = 64  # bytes: what one step of the non-temporal copy moves (a cache line)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
