@@ -168,22 +168,22 @@ class LoopLoader:
             try:
                 self._thread.start()
             except RuntimeError as error:  # no thread to be had (a process limit, exiting)
-                self._give_up(error)
+                _warn_not_loaded(error)
+                self._loaded.set()
 
     def _run(self) -> None:
         try:
             self._calls = self._load()
         except Exception as error:
-            self._give_up(error)
+            _warn_not_loaded(error)
         finally:
             self._loaded.set()
 
-    def _give_up(self, error: BaseException) -> None:
-        """Copies still work without the loop, only slower: say so once, never raise."""
-        warnings.warn(f"vedart: the compiled staging loop could not be loaded ({error!r}); "
-                      "large host-to-device copies use cupy.asarray", RuntimeWarning,
-                      stacklevel=1)
-        self._loaded.set()
+
+def _warn_not_loaded(error: BaseException) -> None:
+    """Copies still work without the loop, only slower: say so, never raise."""
+    warnings.warn(f"vedart: the compiled staging loop could not be loaded ({error!r}); "
+                  "large host-to-device copies use cupy.asarray", RuntimeWarning, stacklevel=1)
 
 
 def _load_staging_loop() -> DriverCalls | None:
