@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from vedart.gpu import staging_loop
-from vedart.gpu.staging_loop import DriverCalls, Transfer, copy_and_send, open_driver_calls
+from vedart.gpu.staging_loop import Crew, DriverCalls, copy_and_send, open_driver_calls
 
 KIB = 1024
 I64 = ctypes.c_int64
@@ -59,8 +59,9 @@ class FakeDriver:
                           Call2(record))
         libc = ctypes.CDLL(None)
         self.calls = np.array([staging_loop._address(libc.memcpy)]
-                              + [staging_loop._address(callback) for callback in self.callbacks],
-                              dtype=np.int64)
+                              + [staging_loop._address(callback) for callback in self.callbacks]
+                              + [staging_loop._address(libc.sem_wait),
+                                 staging_loop._address(libc.sem_post)], dtype=np.int64)
 
     def _record(self, *entry: Any) -> None:
         with self.lock:
@@ -225,7 +226,7 @@ def test_a_failed_copy_stops_every_worker_and_returns_its_status() -> None:
 
 
 class FakeErrorDriver:
-    """A driver library stand-in for DriverCalls: the five functions and error naming."""
+    """A driver library stand-in for DriverCalls: its functions and error naming."""
 
     def __init__(self) -> None:
         self.name, self.text = ctypes.c_char_p(b"CUDA_ERROR_ILLEGAL_ADDRESS"), ctypes.c_char_p(
@@ -248,7 +249,7 @@ class FakeErrorDriver:
 
 def test_driver_errors_name_the_status() -> None:
     calls = DriverCalls(ctypes.CDLL(None), FakeErrorDriver())  # type: ignore[arg-type]
-    assert calls.addresses.shape == (5,) and (calls.addresses != 0).all()
+    assert calls.addresses.shape == (7,) and (calls.addresses != 0).all()
     message = str(calls.error(700))
     assert "CUDA driver status 700" in message
     assert "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered" in message
@@ -271,43 +272,95 @@ def test_load_runs_one_transfer_that_moves_nothing(monkeypatch: pytest.MonkeyPat
     calls = SimpleNamespace(addresses=driver.calls)
     monkeypatch.setattr(staging_loop, "open_driver_calls", lambda: calls)
     assert staging_loop.load() is calls
-    assert [entry[0] for entry in driver.log] == ["context"]  # no wait, copy or record
+    # Both workers of its two-worker crew ran, and did nothing else: no wait, copy or record.
+    assert [entry[0] for entry in driver.log] == ["context", "context"]
+    assert len({entry[1] for entry in driver.log}) == 2
+    assert not any(thread.name.startswith("vedart-staging-crew") for thread in threading.enumerate())
 
 
-def test_a_transfer_gives_the_loop_the_argument_types_load_compiled_it_for(
+def crew_of(driver: FakeDriver, workers: int, slots: Slots) -> Crew:
+    return Crew([slots.of(worker) for worker in range(workers)], driver.calls)
+
+
+@pytest.mark.parametrize(("nbytes", "used"), [(1, 1), (300 * KIB + 7, 3), (5 * 2**20 + 3, 4)])
+def test_a_crew_sends_every_byte_once_with_the_workers_asked_for(nbytes: int, used: int) -> None:
+    driver = FakeDriver()
+    slots = Slots(4, 2, 256 * KIB)  # kept: the crew holds only their addresses
+    crew = crew_of(driver, 4, slots)
+    try:
+        for seed in range(3):  # the same crew, transfer after transfer
+            driver.log.clear()
+            source = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+            target = np.zeros_like(source)
+            assert crew.send(nbytes, 256 * KIB, 16 * KIB, seed != 1, source.ctypes.data,
+                             target.ctypes.data, 77, 55, driver.calls, used) == 0
+            np.testing.assert_array_equal(target, source)
+            contexts = [entry for entry in driver.log if entry[0] == "context"]
+            # One worker per thread: the caller and used - 1 crew threads, all in context 55.
+            assert len(contexts) == used == len({entry[1] for entry in contexts})
+            assert {entry[2] for entry in contexts} == {55}
+            assert sum(entry[3] for entry in driver.log if entry[0] == "copy") == nbytes
+    finally:
+        crew.close()
+
+
+def test_a_failed_copy_in_a_crew_returns_its_status_and_leaves_the_crew_usable() -> None:
+    failing = FakeDriver(fail_at=3, fail_status=700)
+    slots = Slots(3, 2, 256 * KIB)
+    crew = crew_of(failing, 3, slots)
+    source = np.random.default_rng(5).integers(0, 256, 4 * 2**20, dtype=np.uint8)
+    before = source.copy()
+    target = np.zeros_like(source)
+    try:
+        assert crew.send(source.nbytes, 256 * KIB, 256 * KIB, True, source.ctypes.data,
+                         target.ctypes.data, 77, 55, failing.calls, 3) == 700
+        assert sum(entry[3] for entry in failing.log if entry[0] == "copy") < source.nbytes
+        np.testing.assert_array_equal(source, before)  # the source is only read
+        working = FakeDriver()  # each send brings its driver calls
+        assert crew.send(source.nbytes, 256 * KIB, 256 * KIB, True, source.ctypes.data,
+                         target.ctypes.data, 77, 55, working.calls, 3) == 0
+        np.testing.assert_array_equal(target, source)
+    finally:
+        crew.close()
+
+
+def test_a_crew_refuses_more_workers_than_it_has_and_closes_its_threads() -> None:
+    driver = FakeDriver()
+    slots = Slots(3, 1, 64 * KIB)
+    crew = crew_of(driver, 3, slots)
+    names = {f"vedart-staging-crew-{worker}" for worker in (1, 2)}
+    assert names <= {thread.name for thread in threading.enumerate()}
+    for workers in (0, 4):
+        with pytest.raises(ValueError, match=f"workers: got {workers}; allowed: 1 to 3"):
+            crew.send(1, 64 * KIB, 64 * KIB, True, 0, 0, 77, 55, driver.calls, workers)
+    assert driver.log == []  # refused before any work
+    crew.close()
+    crew.close()  # idempotent
+    assert not names & {thread.name for thread in threading.enumerate()}
+
+
+def test_a_crew_send_compiles_nothing_new_whatever_number_types_it_is_given(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whatever number types a caller passes, every call reaches the loop with the types of
-    load()'s call, so no transfer makes Numba compile another version."""
-    typed: list[tuple[Any, ...]] = []
-    real_loop = staging_loop.copy_and_send
-
-    def recording(*args: Any) -> int:
-        typed.append(tuple(numba.typeof(value) for value in args))
-        return int(real_loop(*args))
-
-    monkeypatch.setattr(staging_loop, "copy_and_send", recording)
+    """Every send reaches the compiled functions with the types load() compiled them for."""
     driver = FakeDriver()
     monkeypatch.setattr(staging_loop, "open_driver_calls",
                         lambda: SimpleNamespace(addresses=driver.calls))
     staging_loop.load()
+    compiled = [len(function.signatures) for function in
+                (staging_loop.crew_send, staging_loop.crew_member)]
     source = np.random.default_rng(4).integers(0, 256, 300 * KIB + 3, dtype=np.uint8)
     target = np.zeros_like(source)
     slots = Slots(2, 2, 64 * KIB)
-    transfer = Transfer(np.int64(source.nbytes), np.int32(64 * KIB), 16 * KIB, np.bool_(True),
-                        source.ctypes.data, target.ctypes.data, np.uint64(77), 55, driver.calls)
-    assert [transfer.run(*slots.of(worker)) for worker in range(2)] == [0, 0]
+    crew = crew_of(driver, 2, slots)
+    try:
+        assert crew.send(np.int64(source.nbytes), np.int32(64 * KIB), 16 * KIB, np.bool_(True),
+                         source.ctypes.data, target.ctypes.data, np.uint64(77), 55,
+                         driver.calls.astype(np.uint64), np.int16(2)) == 0
+    finally:
+        crew.close()
     np.testing.assert_array_equal(target, source)
-    assert len(typed) == 3 and len(set(typed)) == 1
-
-
-def test_a_stopped_transfer_leaves_its_workers_nothing_to_claim() -> None:
-    driver = FakeDriver()
-    source = np.ones(300 * KIB, np.uint8)
-    transfer = Transfer(source.nbytes, 64 * KIB, 16 * KIB, True, source.ctypes.data,
-                        np.zeros_like(source).ctypes.data, 77, 55, driver.calls)
-    transfer.stop()
-    assert transfer.run(*Slots(1, 2, 64 * KIB).of(0)) == 0
-    assert [entry[0] for entry in driver.log] == ["context"]
+    assert [len(function.signatures) for function in
+            (staging_loop.crew_send, staging_loop.crew_member)] == compiled
 
 
 def test_load_gives_none_without_the_driver_library(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -179,6 +179,20 @@ def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
         assert engine.to_host(engine.to_device(again)).tobytes() == again.tobytes()
 
 
+def test_empty_cache_stops_idle_rings_crews_and_later_copies_start_new_ones(
+        engine: TransferEngine) -> None:
+    before = set(threading.enumerate())
+    host = np.random.default_rng(12).standard_normal(3 * MB // 8)
+    assert engine.to_host(engine.to_device(host)).tobytes() == host.tobytes()
+    crew = [thread for thread in set(threading.enumerate()) - before
+            if thread.name.startswith("vedart-staging-crew")]
+    assert len(crew) == engine.tuning.threads - 1 and all(thread.is_alive() for thread in crew)
+    engine.empty_cache()
+    assert not any(thread.is_alive() for thread in crew)
+    again = np.random.default_rng(14).standard_normal(3 * MB // 8)
+    assert engine.to_host(engine.to_device(again)).tobytes() == again.tobytes()
+
+
 def test_until_the_staging_loop_is_loaded_large_arrays_go_direct() -> None:
     import cupy
 

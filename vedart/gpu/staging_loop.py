@@ -1,14 +1,21 @@
 """The loop that moves one large host array to the device through pinned staging slots, run by
 several threads at once with the interpreter lock released.
 
-Each worker of a transfer (the calling thread and the transfer engine's staging threads) runs
-:func:`copy_and_send` once. Until the array is used up, it claims the next piece from a counter
-the workers share (an atomic add), waits until the copy out of its own next slot has completed
-(the slot's CUDA event), copies the piece into the slot, queues the copy from the slot to the
-device on the ring's stream and records the slot's event. A slot belongs to one worker, so no
-slot is refilled before its own worker has queued the copy out of it. Pieces start at
-``min_piece`` and grow to ``piece`` (at most half of what was claimed before them), so the first
-copy to the device starts early.
+Each worker of a transfer (the calling thread and the threads of its staging ring's
+:class:`Crew`) runs :func:`copy_and_send` once. Until the array is used up, it claims the next
+piece from a counter the workers share (an atomic add), waits until the copy out of its own
+next slot has completed (the slot's CUDA event), copies the piece into the slot, queues the
+copy from the slot to the device on the ring's stream and records the slot's event. A slot
+belongs to one worker, so no slot is refilled before its own worker has queued the copy out of
+it. Pieces start at ``min_piece`` and grow to ``piece`` (at most half of what was claimed
+before them), so the first copy to the device starts early.
+
+The crew's threads wait for work inside compiled code, each on a POSIX semaphore, and the
+calling thread wakes them from compiled code too. On the lent H100 (2026-11-23) workers handed
+their work as Python tasks entered the loop one interpreter-lock hand-over (about 33 us) after
+another, the last some 300 us into a 1.8 ms transfer of 64 MB, and the copies to the device
+went short of pieces meanwhile; woken together, a 64 MB transfer went from 0.60-0.72 to 0.76
+of the pinned peak in alternating processes (docs/performance.md).
 
 Arrays below ``Tuning.nontemporal_below`` (256 MiB) are copied into the slots with
 non-temporal stores (:func:`copy_piece`), larger ones with ``memcpy``. On the lent H100
@@ -24,15 +31,16 @@ the calling thread sent, 22-25 GB/s at 64 MB; this loop reached 29-32 GB/s on th
 instance. Python's per-piece work runs under the one interpreter lock, so it serialises the
 workers; here the only Python is one call per worker.
 
-The C functions (``memcpy`` and four CUDA driver calls) are called through addresses passed in
-``calls``, so the compiled loop holds no address of this process and Numba caches it on disk;
-tests pass stand-ins.
+The C functions (``memcpy``, four CUDA driver calls, ``sem_wait`` and ``sem_post``) are called
+through addresses passed in ``calls``, so the compiled loop holds no address of this process
+and Numba caches it on disk; tests pass stand-ins.
 """
 
 from __future__ import annotations
 
 import ctypes
 import platform
+import threading
 from typing import Any
 
 import numba
@@ -43,7 +51,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 # Positions in the ``calls`` array (see :class:`DriverCalls`).
-MEMCPY, SET_CONTEXT, EVENT_SYNCHRONIZE, COPY_TO_DEVICE, EVENT_RECORD = range(5)
+MEMCPY, SET_CONTEXT, EVENT_SYNCHRONIZE, COPY_TO_DEVICE, EVENT_RECORD, SEM_WAIT, SEM_POST = range(7)
 STREAM_BLOCK = 64  # bytes: what one step of the non-temporal copy moves (a cache line)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
@@ -178,16 +186,17 @@ def _address(function: Any) -> int:
 
 
 class DriverCalls:
-    """The C functions :func:`copy_and_send` calls, resolved once: ``addresses`` holds, in the
-    positions named above, the C library's ``memcpy`` and the CUDA driver's
-    ``cuCtxSetCurrent``, ``cuEventSynchronize``, ``cuMemcpyHtoDAsync_v2`` and
-    ``cuEventRecord``."""
+    """The C functions the compiled loop calls, resolved once: ``addresses`` holds, in the
+    positions named above, the C library's ``memcpy``, the CUDA driver's ``cuCtxSetCurrent``,
+    ``cuEventSynchronize``, ``cuMemcpyHtoDAsync_v2`` and ``cuEventRecord``, and the C library's
+    ``sem_wait`` and ``sem_post``."""
 
     def __init__(self, libc: ctypes.CDLL, driver: ctypes.CDLL) -> None:
         self.addresses = np.array([_address(libc.memcpy), _address(driver.cuCtxSetCurrent),
                                    _address(driver.cuEventSynchronize),
                                    _address(driver.cuMemcpyHtoDAsync_v2),
-                                   _address(driver.cuEventRecord)], dtype=np.int64)
+                                   _address(driver.cuEventRecord), _address(libc.sem_wait),
+                                   _address(libc.sem_post)], dtype=np.int64)
         self._get_context = driver.cuCtxGetCurrent
         self._error_name, self._error_text = driver.cuGetErrorName, driver.cuGetErrorString
 
@@ -210,40 +219,149 @@ class DriverCalls:
                             f"{(text.value or b'no description').decode()})")
 
 
-class Transfer:
-    """One transfer's call of :func:`copy_and_send` for each of its workers, with the counter
-    they share. The arguments are converted here, once for every caller, to the types the loop
-    was compiled for (:func:`load` compiles it through this class too), so no call of a
-    transfer makes Numba compile another version."""
+BOARD_FIELDS = ("nbytes", "piece", "min_piece", "nontemporal", "source", "target", "stream",
+                "context", "stop")
+NBYTES, PIECE, MIN_PIECE, NONTEMPORAL, SOURCE, TARGET, STREAM, CONTEXT, STOP = range(9)
+STATUSES = len(BOARD_FIELDS)  # then one status per worker
+SEMAPHORE_WORDS = 8  # int64 words per sem_t (glibc's is 32 bytes; 64 keeps each on its own line)
 
-    def __init__(self, nbytes: int, piece: int, min_piece: int, nontemporal: bool,
-                 source: int, target: int, stream: int, context: int,
-                 calls: np.ndarray) -> None:
-        self._counter = np.zeros(1, dtype=np.int64)  # bytes claimed so far
-        self._nbytes = int(nbytes)
-        self._head = (self._counter, self._nbytes, int(piece), int(min_piece),
-                      bool(nontemporal), int(source), int(target))
-        self._tail = (int(stream), int(context), np.ascontiguousarray(calls, dtype=np.int64))
 
-    def run(self, slot_addresses: np.ndarray, slot_events: np.ndarray) -> int:
-        """One worker's share, through its own slots (contiguous int64 arrays): 0, or the
-        first failing CUDA call's status."""
-        return int(copy_and_send(*self._head, slot_addresses, slot_events, *self._tail))
+@numba.njit(nogil=True, cache=True)
+def _wait(calls: np.ndarray, semaphore: int) -> None:  # pragma: no cover - compiled
+    """``sem_wait``, again after a signal interrupted it."""
+    while _call1(calls[SEM_WAIT], semaphore) != 0:
+        pass
 
-    def stop(self) -> None:
-        """Leave nothing more to claim: every worker still running stops at its next piece."""
-        self._counter[0] = self._nbytes
+
+@numba.njit(nogil=True, cache=True)
+def _share(board: np.ndarray, counter: np.ndarray, worker: int, slot_addresses: np.ndarray,
+           slot_events: np.ndarray, calls: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Worker ``worker``'s :func:`copy_and_send` of the transfer on ``board``; its status goes
+    to the board."""
+    board[STATUSES + worker] = copy_and_send(
+        counter, board[NBYTES], board[PIECE], board[MIN_PIECE], board[NONTEMPORAL] != 0,
+        board[SOURCE], board[TARGET], slot_addresses, slot_events, board[STREAM],
+        board[CONTEXT], calls)
+
+
+@numba.njit(nogil=True, cache=True)
+def crew_member(board: np.ndarray, counter: np.ndarray, worker: int, slot_addresses: np.ndarray,
+                slot_events: np.ndarray, semaphores: np.ndarray,
+                calls: np.ndarray) -> None:  # pragma: no cover - compiled; tested through Crew
+    """A crew thread's whole life: wait on its own semaphore, then take its share of the
+    transfer on ``board`` and post the shared "done" semaphore, until ``board[STOP]`` is set."""
+    base = semaphores.ctypes.data
+    own, done = base + worker * SEMAPHORE_WORDS * 8, base
+    while True:
+        _wait(calls, own)
+        if board[STOP] != 0:
+            return
+        _share(board, counter, worker, slot_addresses, slot_events, calls)
+        _call1(calls[SEM_POST], done)
+
+
+@numba.njit(nogil=True, cache=True)
+def crew_send(board: np.ndarray, counter: np.ndarray, helpers: int, slot_addresses: np.ndarray,
+              slot_events: np.ndarray, semaphores: np.ndarray,
+              calls: np.ndarray) -> int:  # pragma: no cover - compiled; tested through Crew
+    """The calling thread's side of one transfer: wake crew members 1..``helpers``, take share
+    0 itself, wait until every woken member is done; 0, or the first failing CUDA call's
+    status."""
+    base = semaphores.ctypes.data
+    for worker in range(1, helpers + 1):
+        _call1(calls[SEM_POST], base + worker * SEMAPHORE_WORDS * 8)
+    _share(board, counter, 0, slot_addresses, slot_events, calls)
+    for _ in range(helpers):
+        _wait(calls, base)
+    for worker in range(helpers + 1):
+        if board[STATUSES + worker] != 0:
+            return board[STATUSES + worker]
+    return 0
+
+
+class Crew:
+    """The threads that send one staging ring's arrays, parked in compiled code between
+    transfers. Each of ``len(worker_slots)`` workers has its own slots; worker 0 is whichever
+    thread calls :meth:`send`, and workers 1.. are this crew's threads, each waiting on a POSIX
+    semaphore of its own. A transfer writes its parameters to a board (an int64 array), posts
+    the semaphores of the workers it needs and takes its own share, all in one compiled call, so
+    the workers start together rather than one interpreter-lock hand-over apart. Not for
+    concurrent :meth:`send` calls: a ring serves one transfer at a time."""
+
+    def __init__(self, worker_slots: list[tuple[np.ndarray, np.ndarray]], calls: np.ndarray
+                 ) -> None:
+        self._libc = ctypes.CDLL(None)
+        workers = len(worker_slots)
+        self._slots = [(np.ascontiguousarray(addresses, np.int64),
+                        np.ascontiguousarray(events, np.int64))
+                       for addresses, events in worker_slots]
+        self._board = np.zeros(STATUSES + workers, np.int64)
+        self._counter = np.zeros(1, np.int64)  # bytes claimed so far
+        self._calls = np.array(calls, np.int64)  # each send's driver calls, read by the crew
+        # Semaphore 0 is "done"; semaphore w wakes worker w.
+        self._semaphores = np.zeros(workers * SEMAPHORE_WORDS, np.int64)
+        for worker in range(workers):
+            if self._libc.sem_init(ctypes.c_void_p(self._semaphore(worker)), 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "sem_init failed")
+        self._threads: list[threading.Thread] = []
+        try:
+            for worker in range(1, workers):
+                thread = threading.Thread(
+                    target=crew_member, name=f"vedart-staging-crew-{worker}", daemon=True,
+                    args=(self._board, self._counter, worker, *self._slots[worker],
+                          self._semaphores, self._calls))
+                thread.start()
+                self._threads.append(thread)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def workers(self) -> int:
+        return len(self._slots)
+
+    def _semaphore(self, worker: int) -> int:
+        return self._semaphores.ctypes.data + worker * SEMAPHORE_WORDS * 8
+
+    def send(self, nbytes: int, piece: int, min_piece: int, nontemporal: bool, source: int,
+             target: int, stream: int, context: int, calls: np.ndarray, workers: int) -> int:
+        """Copy ``nbytes`` from host address ``source`` to device address ``target`` on
+        ``stream`` (in CUDA ``context``) with the first ``workers`` workers (at most
+        :attr:`workers`), through ``calls`` (:class:`DriverCalls` addresses): 0, or the first
+        failing CUDA call's status, once every worker has stopped."""
+        workers = int(workers)
+        if not 1 <= workers <= self.workers:
+            raise ValueError(f"workers: got {workers}; allowed: 1 to {self.workers}")
+        self._board[:STOP] = (nbytes, piece, min_piece, nontemporal, source, target, stream,
+                              context)
+        self._counter[0] = 0
+        self._calls[:] = calls
+        return int(crew_send(self._board, self._counter, workers - 1, *self._slots[0],
+                             self._semaphores, self._calls))
+
+    def close(self) -> None:
+        """Stop the crew's threads (idempotent). Not while a :meth:`send` runs."""
+        self._board[STOP] = 1
+        for worker in range(1, len(self._threads) + 1):
+            self._libc.sem_post(ctypes.c_void_p(self._semaphore(worker)))
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
 
 
 def load() -> DriverCalls | None:
-    """:func:`open_driver_calls`, with the compiled loop made ready by one transfer that moves
-    nothing (Numba compiles the loop, or reads it from its on-disk cache, on the first call of
-    a process); None where the libraries cannot be opened."""
+    """:func:`open_driver_calls`, with the compiled loop made ready by a transfer of two workers
+    that moves nothing (Numba compiles the loop, or reads it from its on-disk cache, on the
+    first call of a process); None where the libraries cannot be opened."""
     calls = open_driver_calls()
     if calls is not None:
         no_slots = np.zeros(1, dtype=np.int64)
-        # Nothing to claim, so the loop only makes the context current: none (0) will do.
-        Transfer(0, 1, 1, True, 0, 0, 0, 0, calls.addresses).run(no_slots, no_slots)
+        crew = Crew([(no_slots, no_slots)] * 2, calls.addresses)
+        try:
+            # Nothing to claim, so each worker only makes the context current: none (0) will do.
+            crew.send(0, 1, 1, True, 0, 0, 0, 0, calls.addresses, 2)
+        finally:
+            crew.close()
     return calls
 
 

@@ -4,8 +4,8 @@ Measured on the lent H100 (2026-11-22): ``cupy.asarray`` from pageable memory ru
 and ``.get()`` at 3-11 GB/s, while pinned memory reaches 54 GB/s both ways. So:
 
 - host -> device: arrays of at least ``Tuning.pool_from`` bytes go through a staging ring:
-  the calling thread and the staging threads each copy pieces of the array into their own
-  pinned slots (with non-temporal stores below ``Tuning.nontemporal_below``) and queue the
+  the calling thread and the ring's crew of threads each copy pieces of the array into their
+  own pinned slots (with non-temporal stores below ``Tuning.nontemporal_below``) and queue the
   copies from those slots to the device, in a compiled loop that runs without the interpreter
   lock (:mod:`vedart.gpu.staging_loop`). Each slot has a CUDA event, and a slot is refilled
   only after the copy out of it has completed. The loop is loaded in the background on first
@@ -35,7 +35,6 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -64,7 +63,7 @@ class Tuning:
     min_piece_bytes: int = 128 * 1024  # the first pieces, so the first copy starts early
     nontemporal_below: int = 256 * MIB  # arrays below this are staged with non-temporal stores
     slots: int = 4                    # pinned slots of piece_bytes per worker
-    threads: int = 8                  # workers per transfer (the caller and staging threads)
+    threads: int = 8                  # workers per transfer (the caller and its ring's crew)
 
     def __post_init__(self) -> None:
         for name in ("pool_from", "piece_bytes", "min_piece_bytes", "slots", "threads"):
@@ -100,31 +99,42 @@ class Staged:
 
 class StagingRing:
     """Pinned slots for one device's transfers: ``tuning.slots`` blocks of
-    ``tuning.piece_bytes`` per worker, each with a CUDA event, and a stream the pieces are sent
-    on."""
+    ``tuning.piece_bytes`` per worker, each with a CUDA event, a stream the pieces are sent on,
+    and the crew of ``tuning.threads - 1`` threads that send them with the calling thread
+    (:class:`vedart.gpu.staging_loop.Crew`). Serves one transfer at a time."""
 
-    def __init__(self, pinned: PinnedPool, device: int, tuning: Tuning) -> None:
+    def __init__(self, pinned: PinnedPool, device: int, tuning: Tuning,
+                 calls: np.ndarray) -> None:
         import cupy
+
+        from vedart.gpu.staging_loop import Crew
 
         self.device = device
         self.blocks: list[Any] = []
-        for _ in range(tuning.threads * tuning.slots):
-            block = pinned.take(tuning.piece_bytes)
-            if block is None:
-                self.release_to(pinned)
-                raise MemoryError("pinned memory limit reached")
-            self.blocks.append(block)
-        with cupy.cuda.Device(device):
-            self.events = [cupy.cuda.Event(disable_timing=True) for _ in self.blocks]
-            self.stream = cupy.cuda.Stream(non_blocking=True)
-        addresses = np.array([block.ptr for block in self.blocks], dtype=np.int64)
-        events = np.array([event.ptr for event in self.events], dtype=np.int64)
-        count = tuning.slots
-        # (slot addresses, slot events) of each worker
-        self.worker_slots = [(addresses[start:start + count], events[start:start + count])
-                             for start in range(0, len(self.blocks), count)]
+        self.crew: Crew | None = None
+        try:
+            for _ in range(tuning.threads * tuning.slots):
+                block = pinned.take(tuning.piece_bytes)
+                if block is None:
+                    raise MemoryError("pinned memory limit reached")
+                self.blocks.append(block)
+            with cupy.cuda.Device(device):
+                self.events = [cupy.cuda.Event(disable_timing=True) for _ in self.blocks]
+                self.stream = cupy.cuda.Stream(non_blocking=True)
+            addresses = np.array([block.ptr for block in self.blocks], dtype=np.int64)
+            events = np.array([event.ptr for event in self.events], dtype=np.int64)
+            count = tuning.slots
+            # (slot addresses, slot events) of each worker
+            self.crew = Crew([(addresses[start:start + count], events[start:start + count])
+                              for start in range(0, len(self.blocks), count)], calls)
+        except BaseException:
+            self.release_to(pinned)
+            raise
 
     def release_to(self, pinned: PinnedPool) -> None:
+        """Stop the crew and give the slots back (no transfer may be running)."""
+        if self.crew is not None:
+            self.crew.close()
         for block in self.blocks:
             pinned.give_back(block)
         self.blocks = []
@@ -234,13 +244,15 @@ class TransferEngine:
             raise _closed_error()
         return queued
 
-    def _take_ring(self, device: int) -> StagingRing | None:
+    def _take_ring(self, device: int, calls: np.ndarray) -> StagingRing | None:
+        """An idle ring of ``device``, or a new one; None when the pinned limit or the crew's
+        threads leave none to be had."""
         with self._lock:
             if self._idle_rings[device]:
                 return self._idle_rings[device].pop()
         try:
-            return StagingRing(self.pinned, device, self.tuning)
-        except MemoryError:
+            return StagingRing(self.pinned, device, self.tuning, calls)
+        except (MemoryError, RuntimeError, OSError):  # no pinned budget, thread or semaphore
             return None
 
     def _return_ring(self, ring: StagingRing) -> None:
@@ -279,8 +291,9 @@ class TransferEngine:
         if array.nbytes < self.tuning.pool_from:
             return cupy.asarray(array)
         driver = self.loop.calls()
-        ring = None if driver is None else self._take_ring(cupy.cuda.Device().id)
-        if driver is None or ring is None:  # no compiled loop (yet), or no pinned budget left
+        ring = None if driver is None else self._take_ring(cupy.cuda.Device().id,
+                                                           driver.addresses)
+        if driver is None or ring is None:  # no compiled loop (yet), or no ring to be had
             return cupy.asarray(array)
         try:
             layout = contiguous_layout(array)
@@ -336,40 +349,25 @@ class TransferEngine:
               target_address: int) -> None:
         """Copy the contiguous ``source`` to device memory at ``target_address`` through
         ``ring``, ordered on the current stream: the calling thread and up to
-        ``tuning.threads - 1`` staging threads each run the compiled loop of
+        ``tuning.threads - 1`` of the ring's crew each run the compiled loop of
         :mod:`vedart.gpu.staging_loop` on their own slots. Raises the first failing CUDA call's
         error once every worker has stopped; the ring stays usable."""
         import cupy
 
-        from vedart.gpu.staging_loop import Transfer
-
+        assert ring.crew is not None
         current = cupy.cuda.get_current_stream()
         # The target may reuse memory that work queued on the current stream still uses.
         ring.stream.wait_event(current.record())
         tuning, nbytes = self.tuning, source.nbytes
-        workers = min(tuning.threads, -(-nbytes // tuning.piece_bytes))
-        transfer = Transfer(nbytes, tuning.piece_bytes, tuning.min_piece_bytes,
-                            nbytes < tuning.nontemporal_below, source.ctypes.data,
-                            target_address, ring.stream.ptr, driver.current_context(),
-                            driver.addresses)
-
-        def work(worker: int) -> int:
-            return transfer.run(*ring.worker_slots[worker])
-
-        tasks: list[Task[int]] = []
         try:
-            threads = self._fill_pool()
-            tasks.extend(self._submit(threads, Task(partial(work, worker)))
-                         for worker in range(1, workers))
-            statuses = [work(0)] + [task.result() for task in tasks]
+            status = ring.crew.send(nbytes, tuning.piece_bytes, tuning.min_piece_bytes,
+                                    nbytes < tuning.nontemporal_below, source.ctypes.data,
+                                    target_address, ring.stream.ptr, driver.current_context(),
+                                    driver.addresses,
+                                    min(tuning.threads, -(-nbytes // tuning.piece_bytes)))
         finally:
-            transfer.stop()  # after a failure here: the workers still running stop
-            for task in tasks:
-                if not task.cancel():
-                    task.wait()
             # Until the pieces have landed, the target must not be freed or read.
             current.wait_event(ring.stream.record())
-        status = next((status for status in statuses if status), 0)
         if status:
             raise driver.error(status)
 
