@@ -290,7 +290,7 @@ class Crew:
 
     def __init__(self, worker_slots: list[tuple[np.ndarray, np.ndarray]], calls: np.ndarray
                  ) -> None:
-        self._libc = ctypes.CDLL(None)
+        self._libc = ctypes.CDLL(None, use_errno=True)
         workers = len(worker_slots)
         self._slots = [(np.ascontiguousarray(addresses, np.int64),
                         np.ascontiguousarray(events, np.int64))
