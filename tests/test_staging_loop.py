@@ -324,19 +324,43 @@ def test_a_failed_copy_in_a_crew_returns_its_status_and_leaves_the_crew_usable()
         crew.close()
 
 
+def crew_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate()
+            if thread.name.startswith("vedart-staging-crew")}
+
+
 def test_a_crew_refuses_more_workers_than_it_has_and_closes_its_threads() -> None:
     driver = FakeDriver()
     slots = Slots(3, 1, 64 * KIB)
+    before = crew_threads()
     crew = crew_of(driver, 3, slots)
-    names = {f"vedart-staging-crew-{worker}" for worker in (1, 2)}
-    assert names <= {thread.name for thread in threading.enumerate()}
+    own = crew_threads() - before
+    assert {thread.name for thread in own} == {"vedart-staging-crew-1", "vedart-staging-crew-2"}
     for workers in (0, 4):
         with pytest.raises(ValueError, match=f"workers: got {workers}; allowed: 1 to 3"):
             crew.send(1, 64 * KIB, 64 * KIB, True, 0, 0, 77, 55, driver.calls, workers)
-    assert driver.log == []  # refused before any work
     crew.close()
     crew.close()  # idempotent
-    assert not names & {thread.name for thread in threading.enumerate()}
+    assert not any(thread.is_alive() for thread in own)
+    assert driver.log == []  # refused before any work: no worker ever ran
+    with pytest.raises(RuntimeError, match="the staging crew is closed"):
+        crew.send(1, 64 * KIB, 64 * KIB, True, 0, 0, 77, 55, driver.calls, 1)
+
+
+def test_a_crew_whose_thread_ends_before_parking_is_unavailable_and_leaves_none_running(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the parking handshake a send would wait for that thread for ever."""
+    def fails_to_start(*args: Any) -> None:
+        raise MemoryError("no memory for the first call")
+
+    driver = FakeDriver()
+    slots = Slots(3, 1, 64 * KIB)
+    before = crew_threads()
+    monkeypatch.setattr(staging_loop, "crew_member", fails_to_start)
+    monkeypatch.setattr(threading, "excepthook", lambda hook_args: None)  # expected
+    with pytest.raises(staging_loop.CrewUnavailable, match="ended before it parked"):
+        crew_of(driver, 3, slots)
+    assert crew_threads() - before == set()
 
 
 def test_a_crew_send_compiles_nothing_new_whatever_number_types_it_is_given(

@@ -136,6 +136,39 @@ def test_a_closed_engine_refuses_staging_work_instead_of_restarting_threads() ->
         engine.submit_staging(lambda: 42)
 
 
+class FakeRing:
+    """A staging ring's outside: its device, events to wait for, and its release."""
+
+    def __init__(self) -> None:
+        self.device, self.released_to = 0, None
+        self.events = [FakeEvent(), FakeEvent()]
+
+    def release_to(self, pinned: PinnedPool) -> None:
+        assert all(event.synchronized for event in self.events)  # its copies are done first
+        self.released_to = pinned
+
+
+class FakeEvent:
+    def __init__(self) -> None:
+        self.synchronized = False
+
+    def synchronize(self) -> None:
+        self.synchronized = True
+
+
+def test_a_closed_engine_refuses_rings_and_releases_the_ring_of_a_transfer_still_running(
+        ) -> None:
+    engine = TransferEngine(2**20)
+    idle, running = FakeRing(), FakeRing()
+    engine._return_ring(idle)  # type: ignore[arg-type]
+    engine.close()
+    assert idle.released_to is engine.pinned  # idle rings go at close
+    with pytest.raises(RuntimeError, match="transfer engine is closed"):
+        engine._take_ring(0, np.zeros(7, np.int64))
+    engine._return_ring(running)  # type: ignore[arg-type]  # its transfer ended after close
+    assert running.released_to is engine.pinned and not engine._idle_rings[0]
+
+
 def test_staging_threads_closed_under_a_caller_refuse_its_work_with_the_engine_error() -> None:
     engine = TransferEngine(2**20)
     engine._fill_pool().close(cancel_queued=True)  # as a close racing a submit would leave it

@@ -189,8 +189,17 @@ def test_empty_cache_stops_idle_rings_crews_and_later_copies_start_new_ones(
     assert len(crew) == engine.tuning.threads - 1 and all(thread.is_alive() for thread in crew)
     engine.empty_cache()
     assert not any(thread.is_alive() for thread in crew)
+    assert engine.stats()["pinned_used_mb"] == 0.0
     again = np.random.default_rng(14).standard_normal(3 * MB // 8)
     assert engine.to_host(engine.to_device(again)).tobytes() == again.tobytes()
+    new_crew = [thread for thread in set(threading.enumerate()) - before
+                if thread.name.startswith("vedart-staging-crew") and thread.is_alive()]
+    assert len(new_crew) == engine.tuning.threads - 1  # the copy took a new ring, not cupy
+    assert engine.stats()["pinned_used_mb"] > 0
+    engine.close()
+    assert not any(thread.is_alive() for thread in new_crew)
+    with pytest.raises(RuntimeError, match="transfer engine is closed"):
+        engine.to_device(again)
 
 
 def test_until_the_staging_loop_is_loaded_large_arrays_go_direct() -> None:

@@ -29,7 +29,7 @@ Why compiled: on the lent H100 (2026-11-23) the same scheme with the per-piece s
 reached 14-19 GB/s, and the engine before this one, whose staging threads filled chunks that
 the calling thread sent, 22-25 GB/s at 64 MB; this loop reached 29-32 GB/s on the same
 instance. Python's per-piece work runs under the one interpreter lock, so it serialises the
-workers; here the only Python is one call per worker.
+workers; here the only Python is one call per transfer.
 
 The C functions (``memcpy``, four CUDA driver calls, ``sem_wait`` and ``sem_post``) are called
 through addresses passed in ``calls``, so the compiled loop holds no address of this process
@@ -41,6 +41,7 @@ from __future__ import annotations
 import ctypes
 import platform
 import threading
+import time
 from typing import Any
 
 import numba
@@ -228,7 +229,9 @@ SEMAPHORE_WORDS = 8  # int64 words per sem_t (glibc's is 32 bytes; 64 keeps each
 
 @numba.njit(nogil=True, cache=True)
 def _wait(calls: np.ndarray, semaphore: int) -> None:  # pragma: no cover - compiled
-    """``sem_wait``, again after a signal interrupted it."""
+    """``sem_wait``, again after a signal interrupted it. Its one other error, EINVAL, needs a
+    semaphore that was never initialised, and a crew's are initialised before its threads
+    start and destroyed only after they have ended."""
     while _call1(calls[SEM_WAIT], semaphore) != 0:
         pass
 
@@ -248,10 +251,12 @@ def _share(board: np.ndarray, counter: np.ndarray, worker: int, slot_addresses: 
 def crew_member(board: np.ndarray, counter: np.ndarray, worker: int, slot_addresses: np.ndarray,
                 slot_events: np.ndarray, semaphores: np.ndarray,
                 calls: np.ndarray) -> None:  # pragma: no cover - compiled; tested through Crew
-    """A crew thread's whole life: wait on its own semaphore, then take its share of the
-    transfer on ``board`` and post the shared "done" semaphore, until ``board[STOP]`` is set."""
+    """A crew thread's whole life: post the shared "done" semaphore once to say it is parked,
+    then wait on its own semaphore, take its share of the transfer on ``board`` and post
+    "done", until ``board[STOP]`` is set."""
     base = semaphores.ctypes.data
     own, done = base + worker * SEMAPHORE_WORDS * 8, base
+    _call1(calls[SEM_POST], done)
     while True:
         _wait(calls, own)
         if board[STOP] != 0:
@@ -279,17 +284,25 @@ def crew_send(board: np.ndarray, counter: np.ndarray, helpers: int, slot_address
     return 0
 
 
+class CrewUnavailable(Exception):
+    """A crew could not be set up (no semaphore, no thread to be had, a thread that ended
+    before it parked); transfers go direct instead."""
+
+
 class Crew:
     """The threads that send one staging ring's arrays, parked in compiled code between
     transfers. Each of ``len(worker_slots)`` workers has its own slots; worker 0 is whichever
     thread calls :meth:`send`, and workers 1.. are this crew's threads, each waiting on a POSIX
     semaphore of its own. A transfer writes its parameters to a board (an int64 array), posts
     the semaphores of the workers it needs and takes its own share, all in one compiled call, so
-    the workers start together rather than one interpreter-lock hand-over apart. Not for
-    concurrent :meth:`send` calls: a ring serves one transfer at a time."""
+    the workers start together rather than one interpreter-lock hand-over apart. The
+    constructor returns once every thread is parked, so a send never waits for a thread that
+    is not there. Not for concurrent :meth:`send` calls: a ring serves one transfer at a
+    time."""
 
     def __init__(self, worker_slots: list[tuple[np.ndarray, np.ndarray]], calls: np.ndarray
                  ) -> None:
+        """CrewUnavailable when the crew cannot be set up (nothing is left running then)."""
         self._libc = ctypes.CDLL(None, use_errno=True)
         workers = len(worker_slots)
         self._slots = [(np.ascontiguousarray(addresses, np.int64),
@@ -300,21 +313,41 @@ class Crew:
         self._calls = np.array(calls, np.int64)  # each send's driver calls, read by the crew
         # Semaphore 0 is "done"; semaphore w wakes worker w.
         self._semaphores = np.zeros(workers * SEMAPHORE_WORDS, np.int64)
-        for worker in range(workers):
-            if self._libc.sem_init(ctypes.c_void_p(self._semaphore(worker)), 0, 0) != 0:
-                raise OSError(ctypes.get_errno(), "sem_init failed")
         self._threads: list[threading.Thread] = []
+        self._initialised = 0  # semaphores, destroyed by close()
+        self._closed = False
         try:
+            for worker in range(workers):
+                if self._libc.sem_init(ctypes.c_void_p(self._semaphore(worker)), 0, 0) != 0:
+                    raise CrewUnavailable(f"sem_init failed (errno {ctypes.get_errno()})")
+                self._initialised += 1
             for worker in range(1, workers):
                 thread = threading.Thread(
                     target=crew_member, name=f"vedart-staging-crew-{worker}", daemon=True,
                     args=(self._board, self._counter, worker, *self._slots[worker],
                           self._semaphores, self._calls))
-                thread.start()
+                try:
+                    thread.start()
+                except RuntimeError as error:  # a thread limit
+                    raise CrewUnavailable(f"cannot start a crew thread: {error}") from error
                 self._threads.append(thread)
+            self._wait_until_parked()
         except BaseException:
             self.close()
             raise
+
+    def _wait_until_parked(self) -> None:
+        """Take each thread's first "done" post; CrewUnavailable if a thread ends before it
+        posts (its first call failed, to compile for one)."""
+        done = ctypes.c_void_p(self._semaphore(0))
+        parked = 0
+        while parked < len(self._threads):
+            deadline = time.clock_gettime(time.CLOCK_REALTIME) + 0.1
+            wait_until = _Timespec(int(deadline), int(deadline % 1 * 1e9))
+            if self._libc.sem_timedwait(done, ctypes.byref(wait_until)) == 0:
+                parked += 1
+            elif not all(thread.is_alive() for thread in self._threads):
+                raise CrewUnavailable("a crew thread ended before it parked")
 
     @property
     def workers(self) -> int:
@@ -328,7 +361,10 @@ class Crew:
         """Copy ``nbytes`` from host address ``source`` to device address ``target`` on
         ``stream`` (in CUDA ``context``) with the first ``workers`` workers (at most
         :attr:`workers`), through ``calls`` (:class:`DriverCalls` addresses): 0, or the first
-        failing CUDA call's status, once every worker has stopped."""
+        failing CUDA call's status, once every worker has stopped. RuntimeError once
+        closed."""
+        if self._closed:
+            raise RuntimeError("the staging crew is closed")
         workers = int(workers)
         if not 1 <= workers <= self.workers:
             raise ValueError(f"workers: got {workers}; allowed: 1 to {self.workers}")
@@ -340,13 +376,23 @@ class Crew:
                              self._semaphores, self._calls))
 
     def close(self) -> None:
-        """Stop the crew's threads (idempotent). Not while a :meth:`send` runs."""
+        """Stop the crew's threads and destroy its semaphores (idempotent). Not while a
+        :meth:`send` runs."""
+        if self._closed:
+            return
+        self._closed = True
         self._board[STOP] = 1
         for worker in range(1, len(self._threads) + 1):
             self._libc.sem_post(ctypes.c_void_p(self._semaphore(worker)))
         for thread in self._threads:
             thread.join()
         self._threads = []
+        for worker in range(self._initialised):
+            self._libc.sem_destroy(ctypes.c_void_p(self._semaphore(worker)))
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
 def load() -> DriverCalls | None:

@@ -246,18 +246,36 @@ class TransferEngine:
 
     def _take_ring(self, device: int, calls: np.ndarray) -> StagingRing | None:
         """An idle ring of ``device``, or a new one; None when the pinned limit or the crew's
-        threads leave none to be had."""
+        threads leave none to be had. RuntimeError once the engine is closed."""
+        from vedart.gpu.staging_loop import CrewUnavailable
+
         with self._lock:
+            if self._closed:
+                raise _closed_error()
             if self._idle_rings[device]:
                 return self._idle_rings[device].pop()
         try:
             return StagingRing(self.pinned, device, self.tuning, calls)
-        except (MemoryError, RuntimeError, OSError):  # no pinned budget, thread or semaphore
+        except MemoryError:  # the pinned limit
+            return None
+        except CrewUnavailable as error:
+            warnings.warn(f"vedart: no staging crew ({error}); large host-to-device copies use "
+                          "cupy.asarray", RuntimeWarning, stacklevel=3)
             return None
 
     def _return_ring(self, ring: StagingRing) -> None:
+        """Keep ``ring`` for the next transfer; release it if the engine closed meanwhile."""
         with self._lock:
-            self._idle_rings[ring.device].append(ring)
+            if not self._closed:
+                self._idle_rings[ring.device].append(ring)
+                return
+        self._release(ring)
+
+    def _release(self, ring: StagingRing) -> None:
+        """Stop ``ring``'s crew and give its slots back once the copies out of them are done."""
+        for event in ring.events:
+            event.synchronize()
+        ring.release_to(self.pinned)
 
     def register_host(self, address: int, nbytes: int) -> None:
         """Page-lock ``nbytes`` of host memory at ``address``, which the caller owns and keeps
@@ -401,13 +419,13 @@ class TransferEngine:
             rings = [ring for idle in self._idle_rings.values() for ring in idle]
             self._idle_rings.clear()
         for ring in rings:
-            for event in ring.events:
-                event.synchronize()
-            ring.release_to(self.pinned)
+            self._release(ring)
         self.pinned.empty_cache()
 
     def close(self) -> None:
-        """Stop the staging threads and free pinned memory not held by result arrays."""
+        """Stop the staging threads and the idle rings' crews, and free pinned memory not held
+        by result arrays; a transfer still running releases its ring when it ends. Later
+        transfers of arrays the ring would take raise RuntimeError."""
         with self._lock:
             threads, self._staging_threads, self._closed = self._staging_threads, None, True
         if threads is not None:
