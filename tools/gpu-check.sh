@@ -3,11 +3,14 @@
 #   installs carried wheels (.whl/, see ../shared/device/README.md) if present,
 #   records nvidia-smi and `vedart info`, runs `vedart demo` and `pytest -m gpu -v`, then the
 #   quick benchmarks.
-# Logs and JSON go under $OUT (default ./gpu-check-out). Extra arguments go to pytest.
+# Logs and JSON go under $OUT (default ./gpu-check-out); with LOGS set to another folder they go
+# there and $OUT gets one archive of them, gpu-check.tar.gz (the lent machine's tool brings back
+# at most 8 files, and the check writes 18). Extra arguments go to pytest.
 # Exit status: non-zero if any step failed (every step still runs).
 set -u
 OUT=${OUT:-$PWD/gpu-check-out}
-mkdir -p "$OUT"
+LOGS=${LOGS:-$OUT}
+mkdir -p "$OUT" "$LOGS"
 export PYTHONPATH=$PWD
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -15,17 +18,20 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 failed=0
-step() {  # step NAME COMMAND...: run, tee the log to $OUT/NAME.log, remember failure
+step() {  # step NAME COMMAND...: run, tee the log to $LOGS/NAME.log, remember failure
   local name=$1; shift
   echo "=== $name: $*"
-  "$@" > >(tee "$OUT/$name.log") 2>&1 || { echo "=== $name FAILED"; failed=1; }
+  "$@" > >(tee "$LOGS/$name.log") 2>&1 || { echo "=== $name FAILED"; failed=1; }
 }
 step nvidia-smi nvidia-smi
 step info python3 -m vedart info
-python3 -m vedart info --json > "$OUT/info.json" 2>/dev/null
+python3 -m vedart info --json > "$LOGS/info.json" 2>/dev/null
 step demo python3 -m vedart demo
-step pytest-gpu python3 -m pytest -m gpu -v -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" "$@"
+step pytest-gpu python3 -m pytest -m gpu -v -p no:cacheprovider --junitxml="$LOGS/pytest-gpu.xml" "$@"
 for bench in $(python3 -c "from vedart.cli import QUICK_BENCHMARKS as b; print(*b)" 2>/dev/null); do
-  step "bench-$bench" python3 -m vedart bench "$bench" --quick --json "$OUT/bench-$bench.json"
+  step "bench-$bench" python3 -m vedart bench "$bench" --quick --json "$LOGS/bench-$bench.json"
 done
+if [ "$(realpath "$LOGS")" != "$(realpath "$OUT")" ]; then
+  tar -czf "$OUT/gpu-check.tar.gz" -C "$LOGS" . || failed=1
+fi
 exit $failed
