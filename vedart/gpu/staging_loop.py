@@ -220,11 +220,17 @@ class DriverCalls:
                             f"{(text.value or b'no description').decode()})")
 
 
-BOARD_FIELDS = ("nbytes", "piece", "min_piece", "nontemporal", "source", "target", "stream",
-                "context", "stop")
-NBYTES, PIECE, MIN_PIECE, NONTEMPORAL, SOURCE, TARGET, STREAM, CONTEXT, STOP = range(9)
-STATUSES = len(BOARD_FIELDS)  # then one status per worker
-SEMAPHORE_WORDS = 8  # int64 words per sem_t (glibc's is 32 bytes; 64 keeps each on its own line)
+# Fields of a crew's board (an int64 array): the transfer, the stop flag, then one status per
+# worker.
+NBYTES, PIECE, MIN_PIECE, NONTEMPORAL, SOURCE, TARGET, STREAM, CONTEXT, STOP, STATUSES = range(10)
+SEMAPHORE_BYTES = 64  # per sem_t (glibc's is 32 bytes; 64 keeps each on a cache line of its own)
+
+
+@numba.njit(nogil=True, cache=True)
+def semaphore_address(semaphores: np.ndarray, worker: int) -> int:  # pragma: no cover - compiled
+    """The address of semaphore ``worker`` in a crew's ``semaphores`` array (0 is "done",
+    ``w`` wakes worker ``w``)."""
+    return semaphores.ctypes.data + worker * SEMAPHORE_BYTES
 
 
 @numba.njit(nogil=True, cache=True)
@@ -254,8 +260,7 @@ def crew_member(board: np.ndarray, counter: np.ndarray, worker: int, slot_addres
     """A crew thread's whole life: post the shared "done" semaphore once to say it is parked,
     then wait on its own semaphore, take its share of the transfer on ``board`` and post
     "done", until ``board[STOP]`` is set."""
-    base = semaphores.ctypes.data
-    own, done = base + worker * SEMAPHORE_WORDS * 8, base
+    own, done = semaphore_address(semaphores, worker), semaphore_address(semaphores, 0)
     _call1(calls[SEM_POST], done)
     while True:
         _wait(calls, own)
@@ -272,12 +277,12 @@ def crew_send(board: np.ndarray, counter: np.ndarray, helpers: int, slot_address
     """The calling thread's side of one transfer: wake crew members 1..``helpers``, take share
     0 itself, wait until every woken member is done; 0, or the first failing CUDA call's
     status."""
-    base = semaphores.ctypes.data
     for worker in range(1, helpers + 1):
-        _call1(calls[SEM_POST], base + worker * SEMAPHORE_WORDS * 8)
+        _call1(calls[SEM_POST], semaphore_address(semaphores, worker))
     _share(board, counter, 0, slot_addresses, slot_events, calls)
+    done = semaphore_address(semaphores, 0)
     for _ in range(helpers):
-        _wait(calls, base)
+        _wait(calls, done)
     for worker in range(helpers + 1):
         if board[STATUSES + worker] != 0:
             return board[STATUSES + worker]
@@ -311,8 +316,7 @@ class Crew:
         self._board = np.zeros(STATUSES + workers, np.int64)
         self._counter = np.zeros(1, np.int64)  # bytes claimed so far
         self._calls = np.array(calls, np.int64)  # each send's driver calls, read by the crew
-        # Semaphore 0 is "done"; semaphore w wakes worker w.
-        self._semaphores = np.zeros(workers * SEMAPHORE_WORDS, np.int64)
+        self._semaphores = np.zeros(workers * SEMAPHORE_BYTES // 8, np.int64)
         self._threads: list[threading.Thread] = []
         self._initialised = 0  # semaphores, destroyed by close()
         self._closed = False
@@ -354,7 +358,7 @@ class Crew:
         return len(self._slots)
 
     def _semaphore(self, worker: int) -> int:
-        return self._semaphores.ctypes.data + worker * SEMAPHORE_WORDS * 8
+        return int(semaphore_address(self._semaphores, worker))
 
     def send(self, nbytes: int, piece: int, min_piece: int, nontemporal: bool, source: int,
              target: int, stream: int, context: int, calls: np.ndarray, workers: int) -> int:

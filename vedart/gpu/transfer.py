@@ -237,13 +237,6 @@ class TransferEngine:
                                                     finish_at_exit=True)
             return self._staging_threads
 
-    def _submit(self, threads: TaskThreads, task: Task[T]) -> Task[T]:
-        """``task`` queued on ``threads``; RuntimeError when the engine closed meanwhile."""
-        queued = threads.submit(task)
-        if queued.is_cancelled():
-            raise _closed_error()
-        return queued
-
     def _take_ring(self, device: int, calls: np.ndarray) -> StagingRing | None:
         """An idle ring of ``device``, or a new one; None when the pinned limit or the crew's
         threads leave none to be had. RuntimeError once the engine is closed."""
@@ -345,8 +338,12 @@ class TransferEngine:
 
     def submit_staging(self, work: Callable[[], T]) -> Task[T]:
         """Run ``work`` (typically :meth:`stage` calls) on the staging threads; a thread that
-        waits for the task's result while it is still queued runs it itself."""
-        return self._submit(self._fill_pool(), Task(work))
+        waits for the task's result while it is still queued runs it itself. RuntimeError
+        once the engine is closed, also when it closed meanwhile."""
+        queued = self._fill_pool().submit(Task(work))
+        if queued.is_cancelled():
+            raise _closed_error()
+        return queued
 
     def upload(self, value: Staged | np.ndarray) -> Any:
         """A CuPy copy, on the current device and ordered on the current stream, of a
