@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 import itertools
 import threading
+import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -88,10 +90,12 @@ def run_workers(driver: FakeDriver, source: np.ndarray, target: np.ndarray, work
                 nontemporal: bool = True) -> list[int]:
     statuses = [0] * workers
 
+    target_cell = np.array([target.ctypes.data], np.int64)
+
     def work(worker: int) -> None:
         addresses, events = slots.of(worker)
         statuses[worker] = copy_and_send(counter, source.nbytes, piece, min_piece, nontemporal,
-                                         source.ctypes.data, target.ctypes.data, addresses,
+                                         source.ctypes.data, target_cell, addresses,
                                          events, 77, 55, driver.calls)
 
     threads = [threading.Thread(target=work, args=(worker,)) for worker in range(workers)]
@@ -221,7 +225,8 @@ def test_a_failed_copy_stops_every_worker_and_returns_its_status() -> None:
     late = FakeDriver()
     addresses, events = slots.of(0)
     assert copy_and_send(counter, source.nbytes, 256 * KIB, 256 * KIB, True, source.ctypes.data,
-                         target.ctypes.data, addresses, events, 77, 55, late.calls) == 0
+                         np.array([target.ctypes.data], np.int64), addresses, events, 77, 55,
+                         late.calls) == 0
     assert [entry[0] for entry in late.log] == ["context"]
 
 
@@ -267,13 +272,14 @@ def test_no_driver_calls_without_the_driver_library(monkeypatch: pytest.MonkeyPa
     assert open_driver_calls() is None
 
 
-def test_load_runs_one_transfer_that_moves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_sends_and_cancels_a_transfer_that_moves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     driver = FakeDriver()
     calls = SimpleNamespace(addresses=driver.calls)
     monkeypatch.setattr(staging_loop, "open_driver_calls", lambda: calls)
     assert staging_loop.load() is calls
-    # Both workers of its two-worker crew ran, and did nothing else: no wait, copy or record.
-    assert [entry[0] for entry in driver.log] == ["context", "context"]
+    # Both workers of its two-worker crew ran the sent transfer, its thread the cancelled one,
+    # and they did nothing else: no wait, copy or record.
+    assert [entry[0] for entry in driver.log] == ["context", "context", "context"]
     assert len({entry[1] for entry in driver.log}) == 2
     assert not any(thread.name.startswith("vedart-staging-crew") for thread in threading.enumerate())
 
@@ -319,6 +325,67 @@ def test_a_failed_copy_in_a_crew_returns_its_status_and_leaves_the_crew_usable()
         working = FakeDriver()  # each send brings its driver calls
         assert crew.send(source.nbytes, 256 * KIB, 256 * KIB, True, source.ctypes.data,
                          target.ctypes.data, 77, 55, working.calls, 3) == 0
+        np.testing.assert_array_equal(target, source)
+    finally:
+        crew.close()
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def test_a_started_crew_fills_its_slots_but_sends_only_once_it_has_the_target() -> None:
+    driver = FakeDriver()
+    slots = Slots(3, 2, 256 * KIB)
+    for buffer in slots.buffers:
+        buffer[:] = 0
+    crew = crew_of(driver, 3, slots)
+    source = np.random.default_rng(6).integers(1, 256, 4 * 2**20, dtype=np.uint8)  # no zeros
+    target = np.zeros_like(source)
+    helper_slots = slots.buffers[slots.count:]  # workers 1 and 2: the crew's threads
+    try:
+        crew.start(source.nbytes, 256 * KIB, 64 * KIB, True, source.ctypes.data, 77, 55,
+                   driver.calls, 3)
+        # Both threads fill both slots of theirs (pieces of at least 64 KiB), then wait for
+        # the target.
+        assert wait_until(lambda: all(buffer[:64 * KIB].all() for buffer in helper_slots))
+        time.sleep(0.05)
+        assert not any(entry[0] == "copy" for entry in driver.log)  # nothing sent yet
+        assert not target.any()
+        with pytest.raises(RuntimeError, match="already running a transfer"):
+            crew.start(source.nbytes, 256 * KIB, 64 * KIB, True, source.ctypes.data, 77, 55,
+                       driver.calls, 3)
+        assert crew.finish(target.ctypes.data) == 0
+        np.testing.assert_array_equal(target, source)
+        assert sum(entry[3] for entry in driver.log if entry[0] == "copy") == source.nbytes
+    finally:
+        crew.close()
+
+
+def test_a_cancelled_transfer_sends_nothing_and_leaves_the_crew_usable() -> None:
+    driver = FakeDriver()
+    slots = Slots(4, 2, 256 * KIB)
+    crew = crew_of(driver, 4, slots)
+    source = np.random.default_rng(7).integers(0, 256, 3 * 2**20 + 5, dtype=np.uint8)
+    before = source.copy()
+    try:
+        crew.start(source.nbytes, 256 * KIB, 16 * KIB, True, source.ctypes.data, 77, 55,
+                   driver.calls, 4)
+        crew.cancel()  # returns once every woken thread has stopped
+        assert [entry for entry in driver.log if entry[0] in ("copy", "record")] == []
+        assert len([entry for entry in driver.log if entry[0] == "context"]) == 3  # no caller
+        np.testing.assert_array_equal(source, before)
+        for method, args in ((crew.finish, (0,)), (crew.cancel, ())):
+            with pytest.raises(RuntimeError, match="no transfer under way"):
+                method(*args)
+        target = np.zeros_like(source)
+        assert crew.send(source.nbytes, 256 * KIB, 16 * KIB, True, source.ctypes.data,
+                         target.ctypes.data, 77, 55, driver.calls, 4) == 0
         np.testing.assert_array_equal(target, source)
     finally:
         crew.close()
@@ -370,21 +437,25 @@ def test_a_crew_send_compiles_nothing_new_whatever_number_types_it_is_given(
     monkeypatch.setattr(staging_loop, "open_driver_calls",
                         lambda: SimpleNamespace(addresses=driver.calls))
     staging_loop.load()
-    compiled = [len(function.signatures) for function in
-                (staging_loop.crew_send, staging_loop.crew_member)]
+    functions = (staging_loop.crew_wake, staging_loop.crew_finish, staging_loop.crew_cancel,
+                 staging_loop.crew_member)
+    compiled = [len(function.signatures) for function in functions]
+    assert all(compiled)  # load() ran each of them
     source = np.random.default_rng(4).integers(0, 256, 300 * KIB + 3, dtype=np.uint8)
     target = np.zeros_like(source)
     slots = Slots(2, 2, 64 * KIB)
     crew = crew_of(driver, 2, slots)
     try:
         assert crew.send(np.int64(source.nbytes), np.int32(64 * KIB), 16 * KIB, np.bool_(True),
-                         source.ctypes.data, target.ctypes.data, np.uint64(77), 55,
+                         source.ctypes.data, np.uint64(target.ctypes.data), np.uint64(77), 55,
                          driver.calls.astype(np.uint64), np.int16(2)) == 0
+        crew.start(np.int32(source.nbytes), 64 * KIB, np.int64(16 * KIB), False,
+                   np.int64(source.ctypes.data), 77, np.uint64(55), driver.calls, np.uint8(2))
+        crew.cancel()
     finally:
         crew.close()
     np.testing.assert_array_equal(target, source)
-    assert [len(function.signatures) for function in
-            (staging_loop.crew_send, staging_loop.crew_member)] == compiled
+    assert [len(function.signatures) for function in functions] == compiled
 
 
 def test_load_gives_none_without_the_driver_library(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -179,6 +179,34 @@ def test_a_failure_mid_transfer_leaves_the_array_untouched_and_the_ring_usable(
         assert engine.to_host(engine.to_device(again)).tobytes() == again.tobytes()
 
 
+def test_a_failed_allocation_while_the_crew_copies_sends_nothing_and_keeps_the_ring(
+        engine: TransferEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crew starts copying before the target exists; when allocating it fails, the error
+    reaches the caller (the @gpu fallback handles out-of-memory) and the ring stays usable."""
+    import cupy
+
+    real_empty = cupy.empty
+
+    def no_memory(*args: Any, **kwargs: Any) -> Any:
+        raise cupy.cuda.memory.OutOfMemoryError(3 * MB, 0)
+
+    host = np.random.default_rng(13).standard_normal(3 * MB // 8)
+    before = host.copy()
+    monkeypatch.setattr(cupy, "empty", no_memory)
+    with pytest.raises(cupy.cuda.memory.OutOfMemoryError):
+        engine.to_device(host)
+    monkeypatch.setattr(cupy, "empty", real_empty)
+    np.testing.assert_array_equal(host, before)
+    crew = {thread for thread in threading.enumerate()
+            if thread.name.startswith("vedart-staging-crew")}
+    assert len(crew) == engine.tuning.threads - 1
+    for seed in range(3):  # the same ring, reused
+        again = np.random.default_rng(seed).standard_normal(3 * MB // 8)
+        assert engine.to_host(engine.to_device(again)).tobytes() == again.tobytes()
+    assert {thread for thread in threading.enumerate()
+            if thread.name.startswith("vedart-staging-crew")} == crew  # the same ring
+
+
 def test_empty_cache_stops_idle_rings_crews_and_later_copies_start_new_ones(
         engine: TransferEngine) -> None:
     before = set(threading.enumerate())

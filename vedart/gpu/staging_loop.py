@@ -17,6 +17,12 @@ another, the last some 300 us into a 1.8 ms transfer of 64 MB, and the copies to
 went short of pieces meanwhile; woken together, a 64 MB transfer went from 0.60-0.72 to 0.76
 of the pinned peak in alternating processes (docs/performance.md).
 
+The crew is woken before the device memory it copies to exists (:meth:`Crew.start`): the
+calling thread then spends 100-250 us in Python allocating it and ordering the ring's stream
+after the current one (timed on the H100, 2026-11-23), and meanwhile the crew fills its slots
+and holds the pieces in them until :meth:`Crew.finish` gives the target, or stops without
+sending anything after :meth:`Crew.cancel`.
+
 Arrays below ``Tuning.nontemporal_below`` (256 MiB) are copied into the slots with
 non-temporal stores (:func:`copy_piece`), larger ones with ``memcpy``. On the lent H100
 (2026-11-23), non-temporal stores lifted the copy alone from 36 to 49 GB/s (8 threads, 64 MB)
@@ -65,6 +71,42 @@ def _fetch_add(typingctx: Any, counter: Any, amount: Any) -> Any:
         return builder.atomic_rmw("add", array.data, args[1], "seq_cst")
 
     return types.int64(counter, types.int64), codegen
+
+
+@intrinsic
+def _load_acquire(typingctx: Any, cell: Any) -> Any:
+    """``cell[0]``, read atomically and never from a stale register: what another thread
+    stored there with :func:`_store_release`, and everything it wrote before."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.load_atomic(array.data, "acquire", 8)
+
+    return types.int64(cell), codegen
+
+
+@intrinsic
+def _store_release(typingctx: Any, cell: Any, value: Any) -> Any:
+    """``cell[0] = value`` as one atomic step, after every write before it."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        builder.store_atomic(context.cast(builder, args[1], signature.args[1], types.int64),
+                             array.data, "release", 8)
+        return context.get_dummy_value()
+
+    return types.void(cell, value), codegen
+
+
+@intrinsic
+def _pause(typingctx: Any) -> Any:
+    """A hint that the thread is spinning (x86 ``pause``; nothing elsewhere)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        if _X86:
+            pause = builder.module.declare_intrinsic(
+                "llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), []))
+            builder.call(pause, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
 
 
 def _call_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -146,38 +188,88 @@ def copy_piece(memcpy: int, target: int, source: int, size: int,
         _call3(memcpy, target + size - tail, source + size - tail, tail)
 
 
+NOT_YET, CANCELLED = 0, -1  # a transfer's target cell before its target is known; given up
+
+
+@numba.njit(nogil=True, cache=True)
+def _await_target(target_cell: np.ndarray) -> int:  # pragma: no cover - compiled
+    """What ``target_cell`` holds once it no longer holds ``NOT_YET`` (spinning till then)."""
+    target = _load_acquire(target_cell)
+    while target == NOT_YET:
+        _pause()
+        target = _load_acquire(target_cell)
+    return target
+
+
+@numba.njit(nogil=True, cache=True)
+def _send_held(target: int, turn: int, held: int, offsets: np.ndarray, sizes: np.ndarray,
+               slot_addresses: np.ndarray, slot_events: np.ndarray, stream: int,
+               calls: np.ndarray) -> int:  # pragma: no cover - compiled
+    """Queue the copies to the device of the ``held`` pieces in the slots filled before turn
+    ``turn``, oldest first, each followed by its slot's event; 0 or the first failing status."""
+    status = 0
+    for filled in range(turn - held, turn):
+        slot = filled % slot_addresses.size
+        status = _call4(calls[COPY_TO_DEVICE], target + offsets[slot], slot_addresses[slot],
+                        sizes[slot], stream)
+        if status == 0:
+            status = _call2(calls[EVENT_RECORD], slot_events[slot], stream)
+        if status != 0:
+            break
+    return status
+
+
 @numba.njit(nogil=True, cache=True)
 def copy_and_send(counter: np.ndarray, nbytes: int, piece: int, min_piece: int,
-                  nontemporal: bool, source: int, target: int, slot_addresses: np.ndarray,
-                  slot_events: np.ndarray, stream: int, context: int,
+                  nontemporal: bool, source: int, target_cell: np.ndarray,
+                  slot_addresses: np.ndarray, slot_events: np.ndarray, stream: int, context: int,
                   calls: np.ndarray) -> int:  # pragma: no cover - compiled; tested through calls
-    """One worker's share of sending ``nbytes`` from host address ``source`` to device address
-    ``target`` (see the module docstring). ``counter`` is a one-element int64 array shared by
-    the transfer's workers, 0 at the start; ``slot_addresses`` and ``slot_events`` are this
-    worker's pinned slots (each of at least ``piece`` bytes) and their CUDA events;
-    ``nontemporal`` chooses how pieces are copied (:func:`copy_piece`). Returns 0, or the
-    first failing CUDA call's status, after which every worker stops at its next piece.
+    """One worker's share of sending ``nbytes`` from host address ``source`` to the device
+    address in ``target_cell`` (see the module docstring). ``counter`` is a one-element int64
+    array shared by the transfer's workers, 0 at the start. ``target_cell`` is one too, and may
+    hold ``NOT_YET`` when the worker starts: it then fills its slots, holding the pieces in
+    them, until the target is stored there (:func:`_store_release`) or every slot is full, and
+    stops without sending anything if ``CANCELLED`` is stored instead. ``slot_addresses`` and
+    ``slot_events`` are this worker's pinned slots (each of at least ``piece`` bytes) and their
+    CUDA events; ``nontemporal`` chooses how pieces are copied (:func:`copy_piece`). Returns 0
+    (also when cancelled), or the first failing CUDA call's status, after which every worker
+    stops at its next piece.
     """
     status = _call1(calls[SET_CONTEXT], context)
     slots = slot_addresses.size
-    turn = 0
+    offsets, sizes = np.zeros(slots, np.int64), np.zeros(slots, np.int64)  # per slot
+    turn = held = 0  # pieces copied so far; of those, the last ``held`` are not sent yet
+    target = NOT_YET
     while status == 0:
+        if target == NOT_YET:
+            target = _await_target(target_cell) if held == slots else _load_acquire(target_cell)
+        if target == CANCELLED:
+            break
+        if target != NOT_YET and held:
+            status = _send_held(target, turn, held, offsets, sizes, slot_addresses, slot_events,
+                                stream, calls)
+            held = 0
+            if status != 0:
+                break
         claimed = _fetch_add(counter, 0)
         size = max(min_piece, min(piece, claimed // 2))
         offset = _fetch_add(counter, size)
         if offset >= nbytes:
-            return 0
-        size = min(size, nbytes - offset)
+            if held == 0:
+                return 0
+            target = _await_target(target_cell)
+            if target == CANCELLED:
+                return 0
+            return _send_held(target, turn, held, offsets, sizes, slot_addresses, slot_events,
+                              stream, calls)
         slot = turn % slots
         status = _call1(calls[EVENT_SYNCHRONIZE], slot_events[slot])
         if status == 0:
-            copy_piece(calls[MEMCPY], slot_addresses[slot], source + offset, size,
+            offsets[slot], sizes[slot] = offset, min(size, nbytes - offset)
+            copy_piece(calls[MEMCPY], slot_addresses[slot], source + offset, sizes[slot],
                        nontemporal)
-            status = _call4(calls[COPY_TO_DEVICE], target + offset, slot_addresses[slot], size,
-                            stream)
-        if status == 0:
-            status = _call2(calls[EVENT_RECORD], slot_events[slot], stream)
-        turn += 1
+            held += 1
+            turn += 1
     _fetch_add(counter, nbytes)  # the other workers stop at their next claim
     return status
 
@@ -221,8 +313,8 @@ class DriverCalls:
 
 
 # Fields of a crew's board (an int64 array): the transfer, the stop flag, then one status per
-# worker.
-NBYTES, PIECE, MIN_PIECE, NONTEMPORAL, SOURCE, TARGET, STREAM, CONTEXT, STOP, STATUSES = range(10)
+# worker. The transfer's target is not among them: it has a cell of its own (see Crew.start).
+NBYTES, PIECE, MIN_PIECE, NONTEMPORAL, SOURCE, STREAM, CONTEXT, STOP, STATUSES = range(9)
 SEMAPHORE_BYTES = 64  # per sem_t (glibc's is 32 bytes; 64 keeps each on a cache line of its own)
 
 
@@ -243,19 +335,20 @@ def _wait(calls: np.ndarray, semaphore: int) -> None:  # pragma: no cover - comp
 
 
 @numba.njit(nogil=True, cache=True)
-def _share(board: np.ndarray, counter: np.ndarray, worker: int, slot_addresses: np.ndarray,
-           slot_events: np.ndarray, calls: np.ndarray) -> None:  # pragma: no cover - compiled
+def _share(board: np.ndarray, counter: np.ndarray, target_cell: np.ndarray, worker: int,
+           slot_addresses: np.ndarray, slot_events: np.ndarray,
+           calls: np.ndarray) -> None:  # pragma: no cover - compiled
     """Worker ``worker``'s :func:`copy_and_send` of the transfer on ``board``; its status goes
     to the board."""
     board[STATUSES + worker] = copy_and_send(
         counter, board[NBYTES], board[PIECE], board[MIN_PIECE], board[NONTEMPORAL] != 0,
-        board[SOURCE], board[TARGET], slot_addresses, slot_events, board[STREAM],
-        board[CONTEXT], calls)
+        board[SOURCE], target_cell, slot_addresses, slot_events, board[STREAM], board[CONTEXT],
+        calls)
 
 
 @numba.njit(nogil=True, cache=True)
-def crew_member(board: np.ndarray, counter: np.ndarray, worker: int, slot_addresses: np.ndarray,
-                slot_events: np.ndarray, semaphores: np.ndarray,
+def crew_member(board: np.ndarray, counter: np.ndarray, target_cell: np.ndarray, worker: int,
+                slot_addresses: np.ndarray, slot_events: np.ndarray, semaphores: np.ndarray,
                 calls: np.ndarray) -> None:  # pragma: no cover - compiled; tested through Crew
     """A crew thread's whole life: post the shared "done" semaphore once to say it is parked,
     then wait on its own semaphore, take its share of the transfer on ``board`` and post
@@ -266,20 +359,23 @@ def crew_member(board: np.ndarray, counter: np.ndarray, worker: int, slot_addres
         _wait(calls, own)
         if board[STOP] != 0:
             return
-        _share(board, counter, worker, slot_addresses, slot_events, calls)
+        _share(board, counter, target_cell, worker, slot_addresses, slot_events, calls)
         _call1(calls[SEM_POST], done)
 
 
 @numba.njit(nogil=True, cache=True)
-def crew_send(board: np.ndarray, counter: np.ndarray, helpers: int, slot_addresses: np.ndarray,
-              slot_events: np.ndarray, semaphores: np.ndarray,
-              calls: np.ndarray) -> int:  # pragma: no cover - compiled; tested through Crew
-    """The calling thread's side of one transfer: wake crew members 1..``helpers``, take share
-    0 itself, wait until every woken member is done; 0, or the first failing CUDA call's
-    status."""
+def crew_wake(helpers: int, semaphores: np.ndarray,
+              calls: np.ndarray) -> None:  # pragma: no cover - compiled; tested through Crew
+    """Wake crew members 1..``helpers`` to take their shares of the transfer on the board."""
     for worker in range(1, helpers + 1):
         _call1(calls[SEM_POST], semaphore_address(semaphores, worker))
-    _share(board, counter, 0, slot_addresses, slot_events, calls)
+
+
+@numba.njit(nogil=True, cache=True)
+def _join(board: np.ndarray, helpers: int, semaphores: np.ndarray,
+          calls: np.ndarray) -> int:  # pragma: no cover - compiled
+    """Wait until the ``helpers`` woken members are done; 0, or the first failing status on
+    the board (the caller's, worker 0, included)."""
     done = semaphore_address(semaphores, 0)
     for _ in range(helpers):
         _wait(calls, done)
@@ -287,6 +383,27 @@ def crew_send(board: np.ndarray, counter: np.ndarray, helpers: int, slot_address
         if board[STATUSES + worker] != 0:
             return board[STATUSES + worker]
     return 0
+
+
+@numba.njit(nogil=True, cache=True)
+def crew_finish(board: np.ndarray, counter: np.ndarray, target_cell: np.ndarray, target: int,
+                helpers: int, slot_addresses: np.ndarray, slot_events: np.ndarray,
+                semaphores: np.ndarray,
+                calls: np.ndarray) -> int:  # pragma: no cover - compiled; tested through Crew
+    """The calling thread's side once the transfer's device address ``target`` is known: give
+    it to the woken members, take share 0 itself, and :func:`_join` them."""
+    _store_release(target_cell, target)
+    _share(board, counter, target_cell, 0, slot_addresses, slot_events, calls)
+    return _join(board, helpers, semaphores, calls)
+
+
+@numba.njit(nogil=True, cache=True)
+def crew_cancel(board: np.ndarray, target_cell: np.ndarray, helpers: int, semaphores: np.ndarray,
+                calls: np.ndarray) -> None:  # pragma: no cover - compiled; tested through Crew
+    """Give up a woken transfer before its target is known: the members stop without sending
+    anything; returns once they are all done."""
+    _store_release(target_cell, CANCELLED)
+    _join(board, helpers, semaphores, calls)
 
 
 class CrewUnavailable(Exception):
@@ -297,13 +414,16 @@ class CrewUnavailable(Exception):
 class Crew:
     """The threads that send one staging ring's arrays, parked in compiled code between
     transfers. Each of ``len(worker_slots)`` workers has its own slots; worker 0 is whichever
-    thread calls :meth:`send`, and workers 1.. are this crew's threads, each waiting on a POSIX
-    semaphore of its own. A transfer writes its parameters to a board (an int64 array), posts
-    the semaphores of the workers it needs and takes its own share, all in one compiled call, so
-    the workers start together rather than one interpreter-lock hand-over apart. The
-    constructor returns once every thread is parked, so a send never waits for a thread that
-    is not there. Not for concurrent :meth:`send` calls: a ring serves one transfer at a
-    time."""
+    thread calls :meth:`finish`, and workers 1.. are this crew's threads, each waiting on a
+    POSIX semaphore of its own.
+
+    A transfer is :meth:`start`, then :meth:`finish` or :meth:`cancel`, from one thread.
+    :meth:`start` writes the transfer's parameters to a board (an int64 array) and wakes the
+    workers it needs from compiled code, so they start together rather than one
+    interpreter-lock hand-over apart, and before the device memory they copy to exists: they
+    fill their slots while the caller allocates the target, and send once :meth:`finish`
+    gives its address. The constructor returns once every thread is parked, so a transfer
+    never waits for a thread that is not there. A ring serves one transfer at a time."""
 
     def __init__(self, worker_slots: list[tuple[np.ndarray, np.ndarray]], calls: np.ndarray
                  ) -> None:
@@ -315,9 +435,11 @@ class Crew:
                        for addresses, events in worker_slots]
         self._board = np.zeros(STATUSES + workers, np.int64)
         self._counter = np.zeros(1, np.int64)  # bytes claimed so far
-        self._calls = np.array(calls, np.int64)  # each send's driver calls, read by the crew
+        self._target = np.zeros(1, np.int64)  # the target address, NOT_YET or CANCELLED
+        self._calls = np.array(calls, np.int64)  # each transfer's driver calls, read by the crew
         self._semaphores = np.zeros(workers * SEMAPHORE_BYTES // 8, np.int64)
         self._threads: list[threading.Thread] = []
+        self._helpers: int | None = None  # members woken for the transfer under way
         self._initialised = 0  # semaphores, destroyed by close()
         self._closed = False
         try:
@@ -328,7 +450,7 @@ class Crew:
             for worker in range(1, workers):
                 thread = threading.Thread(
                     target=crew_member, name=f"vedart-staging-crew-{worker}", daemon=True,
-                    args=(self._board, self._counter, worker, *self._slots[worker],
+                    args=(self._board, self._counter, self._target, worker, *self._slots[worker],
                           self._semaphores, self._calls))
                 try:
                     thread.start()
@@ -360,28 +482,55 @@ class Crew:
     def _semaphore(self, worker: int) -> int:
         return int(semaphore_address(self._semaphores, worker))
 
-    def send(self, nbytes: int, piece: int, min_piece: int, nontemporal: bool, source: int,
-             target: int, stream: int, context: int, calls: np.ndarray, workers: int) -> int:
-        """Copy ``nbytes`` from host address ``source`` to device address ``target`` on
-        ``stream`` (in CUDA ``context``) with the first ``workers`` workers (at most
-        :attr:`workers`), through ``calls`` (:class:`DriverCalls` addresses): 0, or the first
-        failing CUDA call's status, once every worker has stopped. RuntimeError once
-        closed."""
+    def start(self, nbytes: int, piece: int, min_piece: int, nontemporal: bool, source: int,
+              stream: int, context: int, calls: np.ndarray, workers: int) -> None:
+        """Begin copying ``nbytes`` from host address ``source`` with the first ``workers``
+        workers (at most :attr:`workers`), to be sent on ``stream`` (in CUDA ``context``)
+        through ``calls`` (:class:`DriverCalls` addresses) once :meth:`finish` names the
+        target; until then nothing is sent. ValueError for a bad ``workers``; RuntimeError once
+        closed or while a transfer is under way."""
         if self._closed:
             raise RuntimeError("the staging crew is closed")
+        if self._helpers is not None:
+            raise RuntimeError("the staging crew is already running a transfer")
         workers = int(workers)
         if not 1 <= workers <= self.workers:
             raise ValueError(f"workers: got {workers}; allowed: 1 to {self.workers}")
-        self._board[:STOP] = (nbytes, piece, min_piece, nontemporal, source, target, stream,
-                              context)
+        self._board[:STOP] = (nbytes, piece, min_piece, nontemporal, source, stream, context)
         self._counter[0] = 0
+        self._target[0] = NOT_YET
         self._calls[:] = calls
-        return int(crew_send(self._board, self._counter, workers - 1, *self._slots[0],
-                             self._semaphores, self._calls))
+        self._helpers = workers - 1
+        crew_wake(self._helpers, self._semaphores, self._calls)
+
+    def _end(self) -> int:
+        if self._helpers is None:
+            raise RuntimeError("the staging crew has no transfer under way")
+        helpers, self._helpers = self._helpers, None
+        return helpers
+
+    def finish(self, target: int) -> int:
+        """Send the started transfer to device address ``target``, taking worker 0's share on
+        the calling thread: 0, or the first failing CUDA call's status, once every worker has
+        stopped. RuntimeError when no transfer was started."""
+        return int(crew_finish(self._board, self._counter, self._target, int(target),
+                               self._end(), *self._slots[0], self._semaphores, self._calls))
+
+    def cancel(self) -> None:
+        """Give up the started transfer: nothing of it is sent; returns once its workers have
+        stopped. RuntimeError when no transfer was started."""
+        crew_cancel(self._board, self._target, self._end(), self._semaphores, self._calls)
+
+    def send(self, nbytes: int, piece: int, min_piece: int, nontemporal: bool, source: int,
+             target: int, stream: int, context: int, calls: np.ndarray, workers: int) -> int:
+        """:meth:`start` and :meth:`finish` in one: a transfer whose target is known."""
+        self.start(nbytes, piece, min_piece, nontemporal, source, stream, context, calls,
+                   workers)
+        return self.finish(target)
 
     def close(self) -> None:
         """Stop the crew's threads and destroy its semaphores (idempotent). Not while a
-        :meth:`send` runs."""
+        transfer is under way."""
         if self._closed:
             return
         self._closed = True
@@ -400,9 +549,10 @@ class _Timespec(ctypes.Structure):
 
 
 def load() -> DriverCalls | None:
-    """:func:`open_driver_calls`, with the compiled loop made ready by a transfer of two workers
-    that moves nothing (Numba compiles the loop, or reads it from its on-disk cache, on the
-    first call of a process); None where the libraries cannot be opened."""
+    """:func:`open_driver_calls`, with the compiled loop made ready by two transfers of two
+    workers that move nothing, one sent and one cancelled (Numba compiles the loop, or reads it
+    from its on-disk cache, on the first call of a process); None where the libraries cannot
+    be opened."""
     calls = open_driver_calls()
     if calls is not None:
         no_slots = np.zeros(1, dtype=np.int64)
@@ -410,6 +560,8 @@ def load() -> DriverCalls | None:
         try:
             # Nothing to claim, so each worker only makes the context current: none (0) will do.
             crew.send(0, 1, 1, True, 0, 0, 0, 0, calls.addresses, 2)
+            crew.start(0, 1, 1, True, 0, 0, 0, calls.addresses, 2)
+            crew.cancel()
         finally:
             crew.close()
     return calls

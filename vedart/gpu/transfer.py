@@ -310,11 +310,9 @@ class TransferEngine:
             layout = contiguous_layout(array)
             if layout is None:
                 array, layout = np.ascontiguousarray(array), "C"
-            target = cupy.empty(array.shape, array.dtype, order=layout)
-            self._send(ring, driver, array, target.data.ptr)
+            return self._send(ring, driver, array, layout)
         finally:
             self._return_ring(ring)
-        return target
 
     def stages(self, array: np.ndarray) -> bool:
         """Whether :meth:`stage` would copy ``array`` ahead (a mid-size array outside
@@ -361,30 +359,37 @@ class TransferEngine:
         return target
 
     def _send(self, ring: StagingRing, driver: DriverCalls, source: np.ndarray,
-              target_address: int) -> None:
-        """Copy the contiguous ``source`` to device memory at ``target_address`` through
-        ``ring``, ordered on the current stream: the calling thread and up to
+              layout: str) -> Any:
+        """A CuPy copy, in ``layout`` order, of the ``layout``-contiguous ``source``, sent
+        through ``ring`` and ordered on the current stream: the calling thread and up to
         ``tuning.threads - 1`` of the ring's crew each run the compiled loop of
-        :mod:`vedart.gpu.staging_loop` on their own slots. Raises the first failing CUDA call's
-        error once every worker has stopped; the ring stays usable."""
+        :mod:`vedart.gpu.staging_loop` on their own slots. The crew is woken first, so it
+        fills its slots while this thread allocates the copy. Raises the first failing CUDA
+        call's error once every worker has stopped; the ring stays usable."""
         import cupy
 
         assert ring.crew is not None
-        current = cupy.cuda.get_current_stream()
-        # The target may reuse memory that work queued on the current stream still uses.
-        ring.stream.wait_event(current.record())
         tuning, nbytes = self.tuning, source.nbytes
+        ring.crew.start(nbytes, tuning.piece_bytes, tuning.min_piece_bytes,
+                        nbytes < tuning.nontemporal_below, source.ctypes.data, ring.stream.ptr,
+                        driver.current_context(), driver.addresses,
+                        min(tuning.threads, -(-nbytes // tuning.piece_bytes)))
         try:
-            status = ring.crew.send(nbytes, tuning.piece_bytes, tuning.min_piece_bytes,
-                                    nbytes < tuning.nontemporal_below, source.ctypes.data,
-                                    target_address, ring.stream.ptr, driver.current_context(),
-                                    driver.addresses,
-                                    min(tuning.threads, -(-nbytes // tuning.piece_bytes)))
+            target = cupy.empty(source.shape, source.dtype, order=layout)
+            current = cupy.cuda.get_current_stream()
+            # The target may reuse memory that work queued on the current stream still uses.
+            ring.stream.wait_event(current.record())
+        except BaseException:
+            ring.crew.cancel()
+            raise
+        try:
+            status = ring.crew.finish(target.data.ptr)
         finally:
             # Until the pieces have landed, the target must not be freed or read.
             current.wait_event(ring.stream.record())
         if status:
             raise driver.error(status)
+        return target
 
     def to_host(self, array: Any) -> np.ndarray:
         """A NumPy copy of the CuPy ``array``: pinned (pooled) when large enough and within the
