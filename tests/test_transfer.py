@@ -274,3 +274,11 @@ def test_tuning_refuses_values_the_staging_loop_cannot_work_with(fields: dict[st
                                                                 message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Tuning(**fields)
+
+
+@pytest.mark.parametrize(("cpus", "workers"), [({0}, 1), ({0, 1, 2}, 3), (set(range(64)), 12)])
+def test_transfers_use_twelve_workers_or_as_many_as_there_are_cpus(
+        monkeypatch: pytest.MonkeyPatch, cpus: set[int], workers: int) -> None:
+    monkeypatch.setattr(transfer.os, "sched_getaffinity", lambda pid: cpus, raising=False)
+    assert Tuning().threads == workers
+    assert Tuning(threads=20).threads == 20  # what is asked for is kept

@@ -30,11 +30,12 @@ The caller's array is only ever read. Concurrent transfers each take their own s
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -51,19 +52,27 @@ HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable (CuPy names no constant f
 T = TypeVar("T")
 
 
+def default_workers() -> int:
+    """Workers per transfer unless told: 12, or fewer where this process may run on fewer CPUs
+    (more workers than CPUs only take turns)."""
+    return min(12, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1)
+
+
 @dataclass(frozen=True)
 class Tuning:
-    """Transfer parameters, chosen on the lent H100 (2026-11-23: pieces growing from 128 KiB to
-    2 MiB, 4 slots per worker and 8 workers; docs/performance.md records the measurements)."""
+    """Transfer parameters, chosen on the lent H100 (2026-11-23, evening: pieces growing from
+    128 KiB to 1 MiB, 2 slots per worker and 12 workers; docs/performance.md records the
+    measurements)."""
 
     stage_from: int = 1 * MIB          # stage() copies arrays ahead from this size
     pinned_result_from: int = 64 * 1024  # device -> host: from this size results are pinned
     pool_from: int = 16 * MIB         # to_device: the staging ring from here, cupy.asarray below
-    piece_bytes: int = 2 * MIB        # the most one worker copies and sends in one step
+    piece_bytes: int = 1 * MIB        # the most one worker copies and sends in one step
     min_piece_bytes: int = 128 * 1024  # the first pieces, so the first copy starts early
     nontemporal_below: int = 256 * MIB  # arrays below this are staged with non-temporal stores
-    slots: int = 4                    # pinned slots of piece_bytes per worker
-    threads: int = 8                  # workers per transfer (the caller and its ring's crew)
+    slots: int = 2                    # pinned slots of piece_bytes per worker
+    threads: int = field(default_factory=default_workers)  # per transfer: caller and crew
 
     def __post_init__(self) -> None:
         for name in ("pool_from", "piece_bytes", "min_piece_bytes", "slots", "threads"):
