@@ -370,6 +370,7 @@ def test_a_started_crew_fills_its_slots_but_sends_only_once_it_has_the_target() 
 def test_a_cancelled_transfer_sends_nothing_and_leaves_the_crew_usable() -> None:
     driver = FakeDriver()
     slots = Slots(4, 2, 256 * KIB)
+    threads_before = crew_threads()
     crew = crew_of(driver, 4, slots)
     source = np.random.default_rng(7).integers(0, 256, 3 * 2**20 + 5, dtype=np.uint8)
     before = source.copy()
@@ -380,15 +381,20 @@ def test_a_cancelled_transfer_sends_nothing_and_leaves_the_crew_usable() -> None
         assert [entry for entry in driver.log if entry[0] in ("copy", "record")] == []
         assert len([entry for entry in driver.log if entry[0] == "context"]) == 3  # no caller
         np.testing.assert_array_equal(source, before)
-        for method, args in ((crew.finish, (0,)), (crew.cancel, ())):
-            with pytest.raises(RuntimeError, match="no transfer under way"):
-                method(*args)
+        assert not crew.under_way
+        crew.cancel()  # nothing under way: nothing to do
+        with pytest.raises(RuntimeError, match="no transfer under way"):
+            crew.finish(0)
         target = np.zeros_like(source)
         assert crew.send(source.nbytes, 256 * KIB, 16 * KIB, True, source.ctypes.data,
                          target.ctypes.data, 77, 55, driver.calls, 4) == 0
         np.testing.assert_array_equal(target, source)
+        # Closing a crew left with a started transfer stops its threads all the same.
+        crew.start(source.nbytes, 256 * KIB, 16 * KIB, True, source.ctypes.data, 77, 55,
+                   driver.calls, 4)
     finally:
         crew.close()
+    assert crew_threads() == threads_before
 
 
 def crew_threads() -> set[threading.Thread]:

@@ -137,15 +137,26 @@ def test_a_closed_engine_refuses_staging_work_instead_of_restarting_threads() ->
 
 
 class FakeRing:
-    """A staging ring's outside: its device, events to wait for, and its release."""
+    """A staging ring's outside: its device, events to wait for, its crew and its release."""
 
-    def __init__(self) -> None:
+    def __init__(self, under_way: bool = False) -> None:
         self.device, self.released_to = 0, None
         self.events = [FakeEvent(), FakeEvent()]
+        self.crew = FakeCrew(under_way)
 
     def release_to(self, pinned: PinnedPool) -> None:
         assert all(event.synchronized for event in self.events)  # its copies are done first
         self.released_to = pinned
+
+
+class FakeCrew:
+    """A crew's transfer state: one under way until cancelled."""
+
+    def __init__(self, under_way: bool) -> None:
+        self.under_way = under_way
+
+    def cancel(self) -> None:
+        self.under_way = False
 
 
 class FakeEvent:
@@ -167,6 +178,17 @@ def test_a_closed_engine_refuses_rings_and_releases_the_ring_of_a_transfer_still
         engine._take_ring(0, np.zeros(7, np.int64))
     engine._return_ring(running)  # type: ignore[arg-type]  # its transfer ended after close
     assert running.released_to is engine.pinned and not engine._idle_rings[0]
+
+
+def test_a_ring_left_with_a_transfer_under_way_is_stopped_before_it_is_kept() -> None:
+    """A failure between a crew's start and finish (allocating the target) returns the ring
+    with its crew woken; the next transfer must find it idle."""
+    engine = TransferEngine(2**20)
+    ring = FakeRing(under_way=True)
+    engine._return_ring(ring)  # type: ignore[arg-type]
+    assert not ring.crew.under_way and engine._idle_rings[0] == [ring]
+    engine._idle_rings.clear()
+    engine.close()
 
 
 def test_staging_threads_closed_under_a_caller_refuse_its_work_with_the_engine_error() -> None:

@@ -312,9 +312,11 @@ class DriverCalls:
                             f"{(text.value or b'no description').decode()})")
 
 
-# Fields of a crew's board (an int64 array): the transfer, the stop flag, then one status per
-# worker. The transfer's target is not among them: it has a cell of its own (see Crew.start).
-NBYTES, PIECE, MIN_PIECE, NONTEMPORAL, SOURCE, STREAM, CONTEXT, STOP, STATUSES = range(9)
+# Fields of a crew's board (an int64 array): the transfer, the stop flag, how many members the
+# transfer under way woke (NONE_WOKEN when none is under way), then one status per worker. The
+# transfer's target is not among them: it has a cell of its own (see Crew.start).
+NBYTES, PIECE, MIN_PIECE, NONTEMPORAL, SOURCE, STREAM, CONTEXT, STOP, WOKEN, STATUSES = range(10)
+NONE_WOKEN = -1
 SEMAPHORE_BYTES = 64  # per sem_t (glibc's is 32 bytes; 64 keeps each on a cache line of its own)
 
 
@@ -364,21 +366,26 @@ def crew_member(board: np.ndarray, counter: np.ndarray, target_cell: np.ndarray,
 
 
 @numba.njit(nogil=True, cache=True)
-def crew_wake(helpers: int, semaphores: np.ndarray,
+def crew_wake(board: np.ndarray, helpers: int, semaphores: np.ndarray,
               calls: np.ndarray) -> None:  # pragma: no cover - compiled; tested through Crew
-    """Wake crew members 1..``helpers`` to take their shares of the transfer on the board."""
+    """Wake crew members 1..``helpers`` to take their shares of the transfer on ``board``, and
+    note on it that they were woken (one compiled call, so no Python exception can come
+    between the two)."""
+    board[WOKEN] = helpers
     for worker in range(1, helpers + 1):
         _call1(calls[SEM_POST], semaphore_address(semaphores, worker))
 
 
 @numba.njit(nogil=True, cache=True)
-def _join(board: np.ndarray, helpers: int, semaphores: np.ndarray,
+def _join(board: np.ndarray, semaphores: np.ndarray,
           calls: np.ndarray) -> int:  # pragma: no cover - compiled
-    """Wait until the ``helpers`` woken members are done; 0, or the first failing status on
-    the board (the caller's, worker 0, included)."""
+    """Wait until the members the transfer woke are done and note that none is under way; 0,
+    or the first failing status on the board (the caller's, worker 0, included)."""
+    helpers = board[WOKEN]
     done = semaphore_address(semaphores, 0)
     for _ in range(helpers):
         _wait(calls, done)
+    board[WOKEN] = NONE_WOKEN
     for worker in range(helpers + 1):
         if board[STATUSES + worker] != 0:
             return board[STATUSES + worker]
@@ -387,23 +394,22 @@ def _join(board: np.ndarray, helpers: int, semaphores: np.ndarray,
 
 @numba.njit(nogil=True, cache=True)
 def crew_finish(board: np.ndarray, counter: np.ndarray, target_cell: np.ndarray, target: int,
-                helpers: int, slot_addresses: np.ndarray, slot_events: np.ndarray,
-                semaphores: np.ndarray,
+                slot_addresses: np.ndarray, slot_events: np.ndarray, semaphores: np.ndarray,
                 calls: np.ndarray) -> int:  # pragma: no cover - compiled; tested through Crew
     """The calling thread's side once the transfer's device address ``target`` is known: give
     it to the woken members, take share 0 itself, and :func:`_join` them."""
     _store_release(target_cell, target)
     _share(board, counter, target_cell, 0, slot_addresses, slot_events, calls)
-    return _join(board, helpers, semaphores, calls)
+    return _join(board, semaphores, calls)
 
 
 @numba.njit(nogil=True, cache=True)
-def crew_cancel(board: np.ndarray, target_cell: np.ndarray, helpers: int, semaphores: np.ndarray,
+def crew_cancel(board: np.ndarray, target_cell: np.ndarray, semaphores: np.ndarray,
                 calls: np.ndarray) -> None:  # pragma: no cover - compiled; tested through Crew
     """Give up a woken transfer before its target is known: the members stop without sending
     anything; returns once they are all done."""
     _store_release(target_cell, CANCELLED)
-    _join(board, helpers, semaphores, calls)
+    _join(board, semaphores, calls)
 
 
 class CrewUnavailable(Exception):
@@ -434,12 +440,12 @@ class Crew:
                         np.ascontiguousarray(events, np.int64))
                        for addresses, events in worker_slots]
         self._board = np.zeros(STATUSES + workers, np.int64)
+        self._board[WOKEN] = NONE_WOKEN
         self._counter = np.zeros(1, np.int64)  # bytes claimed so far
         self._target = np.zeros(1, np.int64)  # the target address, NOT_YET or CANCELLED
         self._calls = np.array(calls, np.int64)  # each transfer's driver calls, read by the crew
         self._semaphores = np.zeros(workers * SEMAPHORE_BYTES // 8, np.int64)
         self._threads: list[threading.Thread] = []
-        self._helpers: int | None = None  # members woken for the transfer under way
         self._initialised = 0  # semaphores, destroyed by close()
         self._closed = False
         try:
@@ -491,7 +497,7 @@ class Crew:
         closed or while a transfer is under way."""
         if self._closed:
             raise RuntimeError("the staging crew is closed")
-        if self._helpers is not None:
+        if self.under_way:
             raise RuntimeError("the staging crew is already running a transfer")
         workers = int(workers)
         if not 1 <= workers <= self.workers:
@@ -500,26 +506,27 @@ class Crew:
         self._counter[0] = 0
         self._target[0] = NOT_YET
         self._calls[:] = calls
-        self._helpers = workers - 1
-        crew_wake(self._helpers, self._semaphores, self._calls)
+        crew_wake(self._board, workers - 1, self._semaphores, self._calls)
 
-    def _end(self) -> int:
-        if self._helpers is None:
-            raise RuntimeError("the staging crew has no transfer under way")
-        helpers, self._helpers = self._helpers, None
-        return helpers
+    @property
+    def under_way(self) -> bool:
+        """Whether a transfer was started and has not been finished or cancelled."""
+        return bool(self._board[WOKEN] != NONE_WOKEN)
 
     def finish(self, target: int) -> int:
         """Send the started transfer to device address ``target``, taking worker 0's share on
         the calling thread: 0, or the first failing CUDA call's status, once every worker has
-        stopped. RuntimeError when no transfer was started."""
+        stopped. RuntimeError when no transfer is under way."""
+        if not self.under_way:
+            raise RuntimeError("the staging crew has no transfer under way")
         return int(crew_finish(self._board, self._counter, self._target, int(target),
-                               self._end(), *self._slots[0], self._semaphores, self._calls))
+                               *self._slots[0], self._semaphores, self._calls))
 
     def cancel(self) -> None:
-        """Give up the started transfer: nothing of it is sent; returns once its workers have
-        stopped. RuntimeError when no transfer was started."""
-        crew_cancel(self._board, self._target, self._end(), self._semaphores, self._calls)
+        """Give up the transfer under way, if any: nothing more of it is sent; returns once its
+        workers have stopped. Cancelling after :meth:`finish` does nothing."""
+        if self.under_way:
+            crew_cancel(self._board, self._target, self._semaphores, self._calls)
 
     def send(self, nbytes: int, piece: int, min_piece: int, nontemporal: bool, source: int,
              target: int, stream: int, context: int, calls: np.ndarray, workers: int) -> int:
@@ -529,10 +536,11 @@ class Crew:
         return self.finish(target)
 
     def close(self) -> None:
-        """Stop the crew's threads and destroy its semaphores (idempotent). Not while a
-        transfer is under way."""
+        """Stop the crew's threads and destroy its semaphores (idempotent), cancelling a
+        transfer started and left unfinished. Not while another thread finishes one."""
         if self._closed:
             return
+        self.cancel()
         self._closed = True
         self._board[STOP] = 1
         for worker in range(1, len(self._threads) + 1):

@@ -266,7 +266,11 @@ class TransferEngine:
             return None
 
     def _return_ring(self, ring: StagingRing) -> None:
-        """Keep ``ring`` for the next transfer; release it if the engine closed meanwhile."""
+        """Keep ``ring`` for the next transfer, after stopping a transfer it was left with
+        (something failed between its start and its finish); release it if the engine closed
+        meanwhile."""
+        assert ring.crew is not None
+        ring.crew.cancel()
         with self._lock:
             if not self._closed:
                 self._idle_rings[ring.device].append(ring)
@@ -373,8 +377,9 @@ class TransferEngine:
         through ``ring`` and ordered on the current stream: the calling thread and up to
         ``tuning.threads - 1`` of the ring's crew each run the compiled loop of
         :mod:`vedart.gpu.staging_loop` on their own slots. The crew is woken first, so it
-        fills its slots while this thread allocates the copy. Raises the first failing CUDA
-        call's error once every worker has stopped; the ring stays usable."""
+        fills its slots while this thread allocates the copy; if that fails, the crew is still
+        under way, and returning the ring stops it (:meth:`_return_ring`). Raises the first
+        failing CUDA call's error once every worker has stopped; the ring stays usable."""
         import cupy
 
         assert ring.crew is not None
@@ -383,14 +388,10 @@ class TransferEngine:
                         nbytes < tuning.nontemporal_below, source.ctypes.data, ring.stream.ptr,
                         driver.current_context(), driver.addresses,
                         min(tuning.threads, -(-nbytes // tuning.piece_bytes)))
-        try:
-            target = cupy.empty(source.shape, source.dtype, order=layout)
-            current = cupy.cuda.get_current_stream()
-            # The target may reuse memory that work queued on the current stream still uses.
-            ring.stream.wait_event(current.record())
-        except BaseException:
-            ring.crew.cancel()
-            raise
+        target = cupy.empty(source.shape, source.dtype, order=layout)
+        current = cupy.cuda.get_current_stream()
+        # The target may reuse memory that work queued on the current stream still uses.
+        ring.stream.wait_event(current.record())
         try:
             status = ring.crew.finish(target.data.ptr)
         finally:
