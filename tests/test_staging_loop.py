@@ -354,7 +354,9 @@ def test_a_started_crew_fills_its_slots_but_sends_only_once_it_has_the_target() 
         # Both threads fill both slots of theirs (pieces of at least 64 KiB), then wait for
         # the target.
         assert wait_until(lambda: all(buffer[:64 * KIB].all() for buffer in helper_slots))
-        time.sleep(0.05)
+        cpu_before = time.process_time()
+        time.sleep(0.2)
+        assert time.process_time() - cpu_before < 0.1  # they sleep, not spin, while they wait
         assert not any(entry[0] == "copy" for entry in driver.log)  # nothing sent yet
         assert not target.any()
         with pytest.raises(RuntimeError, match="already running a transfer"):

@@ -21,7 +21,9 @@ The crew is woken before the device memory it copies to exists (:meth:`Crew.star
 calling thread then spends 100-250 us in Python allocating it and ordering the ring's stream
 after the current one (timed on the H100, 2026-11-23), and meanwhile the crew fills its slots
 and holds the pieces in them until :meth:`Crew.finish` gives the target, or stops without
-sending anything after :meth:`Crew.cancel`.
+sending anything after :meth:`Crew.cancel`. A worker whose slots are all full spins briefly,
+then sleeps on its semaphore, so a caller held up (by the interpreter lock, say) does not keep
+a dozen threads busy waiting for it.
 
 Arrays below ``Tuning.nontemporal_below`` (256 MiB) are copied into the slots with
 non-temporal stores (:func:`copy_piece`), larger ones with ``memcpy``. On the lent H100
@@ -191,14 +193,27 @@ def copy_piece(memcpy: int, target: int, source: int, size: int,
 NOT_YET, CANCELLED = 0, -1  # a transfer's target cell before its target is known; given up
 
 
+SPIN_CHECKS = 2000  # looks at the target cell before sleeping on the semaphore
+
+
 @numba.njit(nogil=True, cache=True)
-def _await_target(target_cell: np.ndarray) -> int:  # pragma: no cover - compiled
-    """What ``target_cell`` holds once it no longer holds ``NOT_YET`` (spinning till then)."""
+def _await_target(target_cell: np.ndarray, go: int,
+                  calls: np.ndarray) -> tuple[int, bool]:  # pragma: no cover - compiled
+    """What ``target_cell`` holds once it no longer holds ``NOT_YET``, and whether the worker
+    took its "go" post to learn it. It spins for ``SPIN_CHECKS`` looks (the caller's Python
+    between start and finish usually takes 100-250 us), then sleeps on semaphore ``go``, which
+    :func:`crew_finish` and :func:`crew_cancel` post after storing the cell, so a slow caller
+    (waiting for the interpreter lock, say) does not keep the crew busy. ``go`` 0: spin."""
+    checks = 0
     target = _load_acquire(target_cell)
     while target == NOT_YET:
+        if go != 0 and checks == SPIN_CHECKS:
+            _wait(calls, go)
+            return _load_acquire(target_cell), True
         _pause()
+        checks += 1
         target = _load_acquire(target_cell)
-    return target
+    return target, False
 
 
 @numba.njit(nogil=True, cache=True)
@@ -223,26 +238,46 @@ def _send_held(target: int, turn: int, held: int, offsets: np.ndarray, sizes: np
 def copy_and_send(counter: np.ndarray, nbytes: int, piece: int, min_piece: int,
                   nontemporal: bool, source: int, target_cell: np.ndarray,
                   slot_addresses: np.ndarray, slot_events: np.ndarray, stream: int, context: int,
-                  calls: np.ndarray) -> int:  # pragma: no cover - compiled; tested through calls
+                  calls: np.ndarray, go: int = 0) -> int:  # pragma: no cover - compiled
     """One worker's share of sending ``nbytes`` from host address ``source`` to the device
     address in ``target_cell`` (see the module docstring). ``counter`` is a one-element int64
     array shared by the transfer's workers, 0 at the start. ``target_cell`` is one too, and may
     hold ``NOT_YET`` when the worker starts: it then fills its slots, holding the pieces in
-    them, until the target is stored there (:func:`_store_release`) or every slot is full, and
-    stops without sending anything if ``CANCELLED`` is stored instead. ``slot_addresses`` and
-    ``slot_events`` are this worker's pinned slots (each of at least ``piece`` bytes) and their
-    CUDA events; ``nontemporal`` chooses how pieces are copied (:func:`copy_piece`). Returns 0
-    (also when cancelled), or the first failing CUDA call's status, after which every worker
-    stops at its next piece.
+    them, until the target is stored there (:func:`_store_release`) or every slot is full
+    (:func:`_await_target`), and stops without sending anything if ``CANCELLED`` is stored
+    instead. ``go`` is the worker's semaphore, posted once the cell is stored (0 where it is
+    stored before the worker starts): whether or not the worker slept on it, it takes that one
+    post before returning. ``slot_addresses`` and ``slot_events`` are this worker's pinned
+    slots (each of at least ``piece`` bytes) and their CUDA events; ``nontemporal`` chooses how
+    pieces are copied (:func:`copy_piece`). Returns 0 (also when cancelled), or the first
+    failing CUDA call's status, after which every worker stops at its next piece.
     """
+    status, took_go = _share_of(counter, nbytes, piece, min_piece, nontemporal, source,
+                                target_cell, slot_addresses, slot_events, stream, context,
+                                calls, go)
+    if go != 0 and not took_go:
+        _wait(calls, go)
+    return status
+
+
+@numba.njit(nogil=True, cache=True)
+def _share_of(counter: np.ndarray, nbytes: int, piece: int, min_piece: int, nontemporal: bool,
+              source: int, target_cell: np.ndarray, slot_addresses: np.ndarray,
+              slot_events: np.ndarray, stream: int, context: int, calls: np.ndarray,
+              go: int) -> tuple[int, bool]:  # pragma: no cover - compiled
+    """:func:`copy_and_send` but for taking the "go" post: its status, and whether
+    :func:`_await_target` took it."""
     status = _call1(calls[SET_CONTEXT], context)
     slots = slot_addresses.size
     offsets, sizes = np.zeros(slots, np.int64), np.zeros(slots, np.int64)  # per slot
     turn = held = 0  # pieces copied so far; of those, the last ``held`` are not sent yet
-    target = NOT_YET
+    target, took_go = NOT_YET, False
     while status == 0:
         if target == NOT_YET:
-            target = _await_target(target_cell) if held == slots else _load_acquire(target_cell)
+            if held == slots:
+                target, took_go = _await_target(target_cell, go, calls)
+            else:
+                target = _load_acquire(target_cell)
         if target == CANCELLED:
             break
         if target != NOT_YET and held:
@@ -256,12 +291,13 @@ def copy_and_send(counter: np.ndarray, nbytes: int, piece: int, min_piece: int,
         offset = _fetch_add(counter, size)
         if offset >= nbytes:
             if held == 0:
-                return 0
-            target = _await_target(target_cell)
+                return 0, took_go
+            if target == NOT_YET:
+                target, took_go = _await_target(target_cell, go, calls)
             if target == CANCELLED:
-                return 0
+                return 0, took_go
             return _send_held(target, turn, held, offsets, sizes, slot_addresses, slot_events,
-                              stream, calls)
+                              stream, calls), took_go
         slot = turn % slots
         status = _call1(calls[EVENT_SYNCHRONIZE], slot_events[slot])
         if status == 0:
@@ -271,7 +307,7 @@ def copy_and_send(counter: np.ndarray, nbytes: int, piece: int, min_piece: int,
             held += 1
             turn += 1
     _fetch_add(counter, nbytes)  # the other workers stop at their next claim
-    return status
+    return status, took_go
 
 
 def _address(function: Any) -> int:
@@ -338,14 +374,14 @@ def _wait(calls: np.ndarray, semaphore: int) -> None:  # pragma: no cover - comp
 
 @numba.njit(nogil=True, cache=True)
 def _share(board: np.ndarray, counter: np.ndarray, target_cell: np.ndarray, worker: int,
-           slot_addresses: np.ndarray, slot_events: np.ndarray,
+           slot_addresses: np.ndarray, slot_events: np.ndarray, go: int,
            calls: np.ndarray) -> None:  # pragma: no cover - compiled
-    """Worker ``worker``'s :func:`copy_and_send` of the transfer on ``board``; its status goes
-    to the board."""
+    """Worker ``worker``'s :func:`copy_and_send` of the transfer on ``board`` (``go``: its
+    semaphore, 0 for the calling thread); its status goes to the board."""
     board[STATUSES + worker] = copy_and_send(
         counter, board[NBYTES], board[PIECE], board[MIN_PIECE], board[NONTEMPORAL] != 0,
         board[SOURCE], target_cell, slot_addresses, slot_events, board[STREAM], board[CONTEXT],
-        calls)
+        calls, go)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -354,15 +390,25 @@ def crew_member(board: np.ndarray, counter: np.ndarray, target_cell: np.ndarray,
                 calls: np.ndarray) -> None:  # pragma: no cover - compiled; tested through Crew
     """A crew thread's whole life: post the shared "done" semaphore once to say it is parked,
     then wait on its own semaphore, take its share of the transfer on ``board`` and post
-    "done", until ``board[STOP]`` is set."""
+    "done", until ``board[STOP]`` is set. Each transfer posts its own semaphore twice: to wake
+    it, and once the target is known (its "go", see :func:`copy_and_send`)."""
     own, done = semaphore_address(semaphores, worker), semaphore_address(semaphores, 0)
     _call1(calls[SEM_POST], done)
     while True:
         _wait(calls, own)
         if board[STOP] != 0:
             return
-        _share(board, counter, target_cell, worker, slot_addresses, slot_events, calls)
+        _share(board, counter, target_cell, worker, slot_addresses, slot_events, own, calls)
         _call1(calls[SEM_POST], done)
+
+
+@numba.njit(nogil=True, cache=True)
+def _post_woken(board: np.ndarray, semaphores: np.ndarray,
+                calls: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Post the semaphore of each member the transfer on ``board`` wakes or woke: its wake-up,
+    or its "go" once the target cell is stored."""
+    for worker in range(1, board[WOKEN] + 1):
+        _call1(calls[SEM_POST], semaphore_address(semaphores, worker))
 
 
 @numba.njit(nogil=True, cache=True)
@@ -372,8 +418,7 @@ def crew_wake(board: np.ndarray, helpers: int, semaphores: np.ndarray,
     note on it that they were woken (one compiled call, so no Python exception can come
     between the two)."""
     board[WOKEN] = helpers
-    for worker in range(1, helpers + 1):
-        _call1(calls[SEM_POST], semaphore_address(semaphores, worker))
+    _post_woken(board, semaphores, calls)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -399,7 +444,8 @@ def crew_finish(board: np.ndarray, counter: np.ndarray, target_cell: np.ndarray,
     """The calling thread's side once the transfer's device address ``target`` is known: give
     it to the woken members, take share 0 itself, and :func:`_join` them."""
     _store_release(target_cell, target)
-    _share(board, counter, target_cell, 0, slot_addresses, slot_events, calls)
+    _post_woken(board, semaphores, calls)
+    _share(board, counter, target_cell, 0, slot_addresses, slot_events, 0, calls)
     return _join(board, semaphores, calls)
 
 
@@ -409,6 +455,7 @@ def crew_cancel(board: np.ndarray, target_cell: np.ndarray, semaphores: np.ndarr
     """Give up a woken transfer before its target is known: the members stop without sending
     anything; returns once they are all done."""
     _store_release(target_cell, CANCELLED)
+    _post_woken(board, semaphores, calls)
     _join(board, semaphores, calls)
 
 
