@@ -27,7 +27,9 @@ Call4 = ctypes.CFUNCTYPE(ctypes.c_int, I64, I64, I64, I64)
 
 class FakeDriver:
     """Stand-ins for the four driver calls; ``copy_to_device`` copies host to host and fails
-    with ``fail_status`` on call number ``fail_at`` (1-based) when set."""
+    with ``fail_status`` on call number ``fail_at`` (1-based) when set, and on any target
+    below 1 MiB (no host address: what a loop that took a sentinel of the target cell for a
+    target would send to)."""
 
     def __init__(self, fail_at: int | None = None, fail_status: int = 700) -> None:
         self.log: list[tuple[Any, ...]] = []
@@ -48,6 +50,9 @@ class FakeDriver:
                 self.copies += 1
                 if self.copies == self.fail_at:
                     return self.fail_status
+            if target < 2**20:
+                self._record("copy to no address", target)
+                return self.fail_status
             ctypes.memmove(target, slot, size)
             self._record("copy", target, slot, size, stream)
             return 0
@@ -386,7 +391,7 @@ def test_a_cancelled_transfer_sends_nothing_and_leaves_the_crew_usable() -> None
         assert not crew.under_way
         crew.cancel()  # nothing under way: nothing to do
         with pytest.raises(RuntimeError, match="no transfer under way"):
-            crew.finish(0)
+            crew.finish(source.ctypes.data)
         target = np.zeros_like(source)
         assert crew.send(source.nbytes, 256 * KIB, 16 * KIB, True, source.ctypes.data,
                          target.ctypes.data, 77, 55, driver.calls, 4) == 0
@@ -397,6 +402,51 @@ def test_a_cancelled_transfer_sends_nothing_and_leaves_the_crew_usable() -> None
     finally:
         crew.close()
     assert crew_threads() == threads_before
+
+
+def test_a_transfer_cancelled_once_every_piece_is_claimed_sends_nothing() -> None:
+    """Three pieces for two crew threads of two slots each: one thread holds two pieces and
+    waits with full slots, the other holds one and finds nothing left to claim; both must
+    stop without sending when the transfer is cancelled."""
+    driver = FakeDriver()
+    slots = Slots(3, 2, 64 * KIB)
+    crew = crew_of(driver, 3, slots)
+    source = np.random.default_rng(8).integers(0, 256, 3 * 64 * KIB, dtype=np.uint8)
+    try:
+        crew.start(source.nbytes, 64 * KIB, 64 * KIB, True, source.ctypes.data, 77, 55,
+                   driver.calls, 3)
+        # Three claims of pieces and one past the end: every piece is held.
+        assert wait_until(lambda: crew._counter[0] >= 4 * 64 * KIB)
+        time.sleep(0.05)
+        crew.cancel()
+        assert [entry for entry in driver.log if entry[0] not in ("context", "sync")] == []
+        assert len([entry for entry in driver.log if entry[0] == "sync"]) == 3  # three pieces
+        target = np.zeros_like(source)  # and the crew still sends the next transfer
+        assert crew.send(source.nbytes, 64 * KIB, 64 * KIB, True, source.ctypes.data,
+                         target.ctypes.data, 77, 55, driver.calls, 3) == 0
+        np.testing.assert_array_equal(target, source)
+    finally:
+        crew.close()
+
+
+@pytest.mark.parametrize("target", [0, -1])
+def test_finish_refuses_a_target_the_loop_would_take_for_not_yet_or_cancelled(
+        target: int) -> None:
+    driver = FakeDriver()
+    slots = Slots(2, 2, 64 * KIB)
+    crew = crew_of(driver, 2, slots)
+    source = np.random.default_rng(9).integers(0, 256, 256 * KIB, dtype=np.uint8)
+    try:
+        crew.start(source.nbytes, 64 * KIB, 64 * KIB, True, source.ctypes.data, 77, 55,
+                   driver.calls, 2)
+        with pytest.raises(ValueError, match=rf"target: got {target}; allowed: a device "
+                                             r"address \(> 0\)"):
+            crew.finish(target)
+        assert crew.under_way  # left for the caller to cancel
+        crew.cancel()
+        assert not any(entry[0] in ("copy", "record") for entry in driver.log)
+    finally:
+        crew.close()
 
 
 def crew_threads() -> set[threading.Thread]:

@@ -250,7 +250,8 @@ def copy_and_send(counter: np.ndarray, nbytes: int, piece: int, min_piece: int,
     post before returning. ``slot_addresses`` and ``slot_events`` are this worker's pinned
     slots (each of at least ``piece`` bytes) and their CUDA events; ``nontemporal`` chooses how
     pieces are copied (:func:`copy_piece`). Returns 0 (also when cancelled), or the first
-    failing CUDA call's status, after which every worker stops at its next piece.
+    failing CUDA call's status, after which every worker claims no further piece (a worker
+    holding pieces still sends them once the target is known).
     """
     status, took_go = _share_of(counter, nbytes, piece, min_piece, nontemporal, source,
                                 target_cell, slot_addresses, slot_events, stream, context,
@@ -563,10 +564,14 @@ class Crew:
     def finish(self, target: int) -> int:
         """Send the started transfer to device address ``target``, taking worker 0's share on
         the calling thread: 0, or the first failing CUDA call's status, once every worker has
-        stopped. RuntimeError when no transfer is under way."""
+        stopped. RuntimeError when no transfer is under way; ValueError for a ``target`` that
+        cannot be a device address (the transfer stays under way: cancel it)."""
         if not self.under_way:
             raise RuntimeError("the staging crew has no transfer under way")
-        return int(crew_finish(self._board, self._counter, self._target, int(target),
+        target = int(target)
+        if target <= 0:  # 0 and -1 are what the target cell holds for NOT_YET and CANCELLED
+            raise ValueError(f"target: got {target}; allowed: a device address (> 0)")
+        return int(crew_finish(self._board, self._counter, self._target, target,
                                *self._slots[0], self._semaphores, self._calls))
 
     def cancel(self) -> None:
@@ -613,8 +618,9 @@ def load() -> DriverCalls | None:
         no_slots = np.zeros(1, dtype=np.int64)
         crew = Crew([(no_slots, no_slots)] * 2, calls.addresses)
         try:
-            # Nothing to claim, so each worker only makes the context current: none (0) will do.
-            crew.send(0, 1, 1, True, 0, 0, 0, 0, calls.addresses, 2)
+            # Nothing to claim, so each worker only makes the context current: none (0) will do,
+            # and nothing is sent to the target (any address will do).
+            crew.send(0, 1, 1, True, 0, 1, 0, 0, calls.addresses, 2)
             crew.start(0, 1, 1, True, 0, 0, 0, calls.addresses, 2)
             crew.cancel()
         finally:
