@@ -110,6 +110,60 @@ def test_empty_cache_drops_cached_blocks() -> None:
     assert pool.cached_bytes == 0 and pool.used_bytes == 0
 
 
+class FailingAllocator:
+    """Host blocks, except that the calls numbered in ``failures`` (1-based) raise theirs."""
+
+    def __init__(self, failures: dict[int, BaseException]) -> None:
+        self.failures, self.calls = failures, 0
+
+    def __call__(self, size: int) -> HostBlock:
+        self.calls += 1
+        if self.calls in self.failures:
+            raise self.failures[self.calls]
+        return HostBlock(size)
+
+
+def test_a_pool_short_of_system_pinned_memory_frees_its_cache_retries_then_gives_none() -> None:
+    allocate = FailingAllocator({2: MemoryError("no pinned memory"),
+                                 4: MemoryError("no pinned memory"),
+                                 5: MemoryError("no pinned memory")})
+    pool = PinnedPool(2**30, allocate)
+    cached = pool.take(2**20)
+    pool.give_back(cached)
+    # The first try fails, the cache goes back to the system, and the second try succeeds.
+    block = pool.take(4 * 2**20)
+    assert block is not None and allocate.calls == 3
+    assert pool.used_bytes == 4 * 2**20 and pool.cached_bytes == 0
+    # Both tries fail: no block (callers then use pageable memory), and nothing counted.
+    assert pool.take(8 * 2**20) is None and allocate.calls == 5
+    assert pool.used_bytes == 4 * 2**20 and pool.cached_bytes == 0
+    assert pool.array((3,), np.dtype(np.float64)) is not None  # and the pool still serves
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt(), RuntimeError("driver error")])
+def test_a_failed_or_interrupted_allocation_is_not_counted_and_propagates(
+        failure: BaseException) -> None:
+    pool = PinnedPool(4 * 2**20, FailingAllocator({1: failure}))
+    with pytest.raises(type(failure)):
+        pool.take(4 * 2**20)
+    assert pool.used_bytes == 0  # else the limit would refuse the next take for good
+    assert pool.take(4 * 2**20) is not None
+
+
+def test_a_closed_pool_gives_no_block_and_frees_the_blocks_given_back_to_it() -> None:
+    pool, allocations = make_pool(limit=2**24)
+    result = pool.array((1000,), np.dtype(np.float64))  # outlives its pool's engine
+    cached = pool.take(100)
+    pool.give_back(cached)
+    pool.close()
+    assert pool.cached_bytes == 0 and pool.take(100) is None
+    assert pool.array((10,), np.dtype(np.uint8)) is None
+    del result
+    gc.collect()
+    assert pool.used_bytes == 0 and pool.cached_bytes == 0 and not pool._free
+    assert allocations == [size_class(8000), size_class(100)]
+
+
 def test_layout_and_byte_order_decisions() -> None:
     c = np.zeros((3, 4))
     assert contiguous_layout(c) == "C" and contiguous_layout(np.asfortranarray(c)) == "F"
@@ -178,7 +232,7 @@ def test_a_closed_engine_refuses_rings_and_releases_the_ring_of_a_transfer_still
     engine.close()
     assert idle.released_to is engine.pinned  # idle rings go at close
     with pytest.raises(RuntimeError, match="transfer engine is closed"):
-        engine._take_ring(0, np.zeros(7, np.int64))
+        engine._take_ring(0, None)  # type: ignore[arg-type]  # refused before it is used
     engine._return_ring(running)  # type: ignore[arg-type]  # its transfer ended after close
     assert running.released_to is engine.pinned and not engine._idle_rings[0]
 

@@ -19,6 +19,7 @@ import numpy as np
 MIB = 2**20
 _SMALL_CLASS = 64 * 1024  # blocks below 2 MiB round up to a power of two from here
 _LARGE_STEP = 2 * MIB     # blocks from 2 MiB round up to a multiple of this
+CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation (CuPy names no constant for it)
 
 
 def size_class(nbytes: int) -> int:
@@ -34,7 +35,8 @@ def size_class(nbytes: int) -> int:
 class PinnedPool:
     """Pinned host blocks by size class, with ``used`` (handed out) + ``cached`` (free, kept)
     never above ``limit`` bytes. Thread-safe. ``allocate(size)`` returns a block object with
-    ``ptr`` and ``size`` (default: ``cupy.cuda.PinnedMemory``, freed when dropped)."""
+    ``ptr`` and ``size`` (default: ``cupy.cuda.PinnedMemory``, freed when dropped), or raises
+    MemoryError when the system has no pinned memory to give."""
 
     def __init__(self, limit: int, allocate: Callable[[int], Any] | None = None) -> None:
         self.limit = limit
@@ -46,12 +48,17 @@ class PinnedPool:
         self._free: dict[int, list[Any]] = {}
         self.used_bytes = 0
         self.cached_bytes = 0
+        self._closed = False
 
     def take(self, nbytes: int) -> Any | None:
         """A pinned block (an object with ``ptr`` and ``size``) of at least ``nbytes``, or None
-        when it would exceed the limit even after dropping cached blocks."""
+        when it would exceed the limit even after dropping cached blocks, when the system has
+        no pinned memory to give even then (callers fall back to pageable memory), or once
+        the pool is closed."""
         size = size_class(nbytes)
         with self._lock:
+            if self._closed:
+                return None
             free = self._free.setdefault(size, [])
             if free:
                 self.cached_bytes -= size
@@ -63,18 +70,28 @@ class PinnedPool:
                     return None
             self.used_bytes += size
         try:
-            return self._allocate(size)
-        except Exception:
+            try:
+                return self._allocate(size)
+            except MemoryError:  # the system's pinned memory, not the limit: free ours, retry
+                self.empty_cache()
+                return self._allocate(size)
+        except MemoryError:
+            with self._lock:
+                self.used_bytes -= size
+            return None
+        except BaseException:  # an interrupt too: the block was never handed out
             with self._lock:
                 self.used_bytes -= size
             raise
 
     def give_back(self, block: Any) -> None:
-        """Return a block from :meth:`take` to the cache."""
+        """Return a block from :meth:`take` to the cache, or free it once the pool is closed
+        (arrays handed out before can outlive it)."""
         with self._lock:
             self.used_bytes -= block.size
-            self.cached_bytes += block.size
-            self._free.setdefault(block.size, []).append(block)
+            if not self._closed:
+                self.cached_bytes += block.size
+                self._free.setdefault(block.size, []).append(block)
 
     def array(self, shape: tuple[int, ...], dtype: np.dtype, order: str = "C") -> np.ndarray | None:
         """An uninitialised ndarray in pinned memory (None past the limit); its block returns to
@@ -91,6 +108,13 @@ class PinnedPool:
     def empty_cache(self) -> None:
         """Free every cached (not handed out) block."""
         with self._lock:
+            self._drop_cached_locked()
+
+    def close(self) -> None:
+        """Free every cached block; from now on :meth:`take` gives none and blocks given back
+        are freed."""
+        with self._lock:
+            self._closed = True
             self._drop_cached_locked()
 
     def _drop_cached_locked(self) -> None:
@@ -122,4 +146,9 @@ def _give_back(raw: Any) -> None:
 def _allocate(size: int) -> Any:
     import cupy
 
-    return cupy.cuda.PinnedMemory(size, cupy.cuda.runtime.hostAllocPortable)
+    try:
+        return cupy.cuda.PinnedMemory(size, cupy.cuda.runtime.hostAllocPortable)
+    except cupy.cuda.runtime.CUDARuntimeError as error:
+        if error.status == CUDA_ERROR_MEMORY_ALLOCATION:
+            raise MemoryError(f"no pinned memory for {size} bytes: {error}") from error
+        raise

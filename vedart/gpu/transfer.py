@@ -30,6 +30,7 @@ The caller's array is only ever read. Concurrent transfers each take their own s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import warnings
@@ -109,11 +110,12 @@ class Staged:
 class StagingRing:
     """Pinned slots for one device's transfers: ``tuning.slots`` blocks of
     ``tuning.piece_bytes`` per worker, each with a CUDA event, a stream the pieces are sent on,
-    and the crew of ``tuning.threads - 1`` threads that send them with the calling thread
-    (:class:`vedart.gpu.staging_loop.Crew`). Serves one transfer at a time."""
+    the device's CUDA context, and the crew of ``tuning.threads - 1`` threads that send them
+    with the calling thread (:class:`vedart.gpu.staging_loop.Crew`). Serves one transfer at a
+    time."""
 
     def __init__(self, pinned: PinnedPool, device: int, tuning: Tuning,
-                 calls: np.ndarray) -> None:
+                 driver: DriverCalls) -> None:
         import cupy
 
         from vedart.gpu.staging_loop import Crew
@@ -130,12 +132,17 @@ class StagingRing:
             with cupy.cuda.Device(device):
                 self.events = [cupy.cuda.Event(disable_timing=True) for _ in self.blocks]
                 self.stream = cupy.cuda.Stream(non_blocking=True)
+                # Made current by creating the events. The thread of a later transfer may have
+                # none current yet: CUDA binds a context to a thread only when that thread
+                # first needs one.
+                self.context = driver.current_context()
             addresses = np.array([block.ptr for block in self.blocks], dtype=np.int64)
             events = np.array([event.ptr for event in self.events], dtype=np.int64)
             count = tuning.slots
             # (slot addresses, slot events) of each worker
             self.crew = Crew([(addresses[start:start + count], events[start:start + count])
-                              for start in range(0, len(self.blocks), count)], calls)
+                              for start in range(0, len(self.blocks), count)],
+                             driver.addresses)
         except BaseException:
             self.release_to(pinned)
             raise
@@ -246,7 +253,7 @@ class TransferEngine:
                                                     finish_at_exit=True)
             return self._staging_threads
 
-    def _take_ring(self, device: int, calls: np.ndarray) -> StagingRing | None:
+    def _take_ring(self, device: int, driver: DriverCalls) -> StagingRing | None:
         """An idle ring of ``device``, or a new one; None when the pinned limit or the crew's
         threads leave none to be had. RuntimeError once the engine is closed."""
         from vedart.gpu.staging_loop import CrewUnavailable
@@ -257,7 +264,7 @@ class TransferEngine:
             if self._idle_rings[device]:
                 return self._idle_rings[device].pop()
         try:
-            return StagingRing(self.pinned, device, self.tuning, calls)
+            return StagingRing(self.pinned, device, self.tuning, driver)
         except MemoryError:  # the pinned limit
             return None
         except CrewUnavailable as error:
@@ -315,17 +322,20 @@ class TransferEngine:
         if array.nbytes < self.tuning.pool_from:
             return cupy.asarray(array)
         driver = self.loop.calls()
-        ring = None if driver is None else self._take_ring(cupy.cuda.Device().id,
-                                                           driver.addresses)
-        if driver is None or ring is None:  # no compiled loop (yet), or no ring to be had
+        if driver is None:  # no compiled loop (yet)
             return cupy.asarray(array)
-        try:
+        ring = None
+        try:  # taking the ring inside, so that no interrupt can come between taking and keeping
+            ring = self._take_ring(cupy.cuda.Device().id, driver)
+            if ring is None:  # none to be had
+                return cupy.asarray(array)
             layout = contiguous_layout(array)
             if layout is None:
                 array, layout = np.ascontiguousarray(array), "C"
             return self._send(ring, driver, array, layout)
         finally:
-            self._return_ring(ring)
+            if ring is not None:
+                self._return_ring(ring)
 
     def stages(self, array: np.ndarray) -> bool:
         """Whether :meth:`stage` would copy ``array`` ahead (a mid-size array outside
@@ -386,7 +396,7 @@ class TransferEngine:
         tuning, nbytes = self.tuning, source.nbytes
         ring.crew.start(nbytes, tuning.piece_bytes, tuning.min_piece_bytes,
                         nbytes < tuning.nontemporal_below, source.ctypes.data, ring.stream.ptr,
-                        driver.current_context(), driver.addresses,
+                        ring.context, driver.addresses,
                         min(tuning.threads, -(-nbytes // tuning.piece_bytes)))
         target = cupy.empty(source.shape, source.dtype, order=layout)
         current = cupy.cuda.get_current_stream()
@@ -407,18 +417,25 @@ class TransferEngine:
         import cupy
 
         if array.nbytes < self.tuning.pinned_result_from:
-            return array.get()
+            return array.get(order="A")  # "A": a Fortran-ordered array stays so
         with array.device:
             layout = contiguous_layout(array)
             if layout is None:
                 array, layout = cupy.ascontiguousarray(array), "C"
             result = self.pinned.array(array.shape, array.dtype, order=layout)
             if result is None:
-                return array.get()
+                return array.get(order="A")
             stream = cupy.cuda.get_current_stream()
-            cupy.cuda.runtime.memcpyAsync(result.ctypes.data, array.data.ptr, array.nbytes,
-                                          cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
-            stream.synchronize()
+            try:
+                cupy.cuda.runtime.memcpyAsync(result.ctypes.data, array.data.ptr, array.nbytes,
+                                              cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+                stream.synchronize()
+            except BaseException:
+                # An interrupt between the two calls would drop ``result``, and its block
+                # would go back to the pool with the copy into it still running.
+                with contextlib.suppress(Exception):
+                    stream.synchronize()
+                raise
         return result
 
     def stats(self) -> dict[str, float]:
@@ -436,14 +453,16 @@ class TransferEngine:
 
     def close(self) -> None:
         """Stop the staging threads and the idle rings' crews, and free pinned memory not held
-        by result arrays; a transfer still running releases its ring when it ends. Later
-        transfers of arrays the ring would take raise RuntimeError."""
+        by result arrays (those free theirs when they go); a transfer still running releases
+        its ring when it ends. Later transfers of arrays the ring would take raise
+        RuntimeError, and later results are pageable."""
         with self._lock:
             threads, self._staging_threads, self._closed = self._staging_threads, None, True
         if threads is not None:
             threads.close(cancel_queued=False)
             threads.join()
         self.empty_cache()
+        self.pinned.close()
         with self._lock:
             registered, self._registered = self._registered, []
         if registered:
