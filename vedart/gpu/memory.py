@@ -46,13 +46,14 @@ class DeviceMemory:
         # was there before any vedart runtime, never to another runtime's tracker.
         previous = cupy.cuda.get_allocator()
         self._previous_allocator = getattr(previous, "vedart_previous", previous)
-        peak = self._peak
+        peak, lock = self._peak, self._lock
 
         def tracking_malloc(size: int) -> Any:
             memory = pool.malloc(size)
-            used = pool.used_bytes()
-            if used > peak.get(memory.device_id, 0):
-                peak[memory.device_id] = used
+            with lock:  # check and set as one step, or a thread that read less lowers the peak
+                used = pool.used_bytes()
+                if used > peak.get(memory.device_id, 0):
+                    peak[memory.device_id] = used
             return memory
 
         tracking_malloc.vedart_previous = self._previous_allocator  # type: ignore[attr-defined]
@@ -81,7 +82,7 @@ class DeviceMemory:
         import cupy
 
         for ordinal in self._ordinals:
-            with cupy.cuda.Device(ordinal):
+            with cupy.cuda.Device(ordinal), self._lock:
                 self._peak[ordinal] = self._pool.used_bytes()
 
     def empty_cache(self) -> None:
