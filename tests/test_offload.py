@@ -8,7 +8,7 @@ import inspect
 import pickle
 import threading
 import warnings
-from collections import namedtuple
+from collections import OrderedDict, defaultdict, namedtuple
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ import pytest
 from fakes import GIB, FakeProbe
 
 import vedart as veda
-from vedart.offload.arguments import ON_DEVICE, host_bytes, scan
+from vedart.offload.arguments import ON_DEVICE, host_bytes, map_arrays, scan
 from vedart.offload.failures import is_gpu_failure
 from vedart.offload.results import results_to_host
 
@@ -119,6 +119,31 @@ def test_named_device_that_is_absent() -> None:
     fake_gpu(count=1)
     assert explain(big(4_000_000), device=3) == veda.Decision(
         "cpu", "device 3 is not available (runtime devices: [0])", refused=True)
+
+
+def test_converted_containers_keep_their_subclass_and_what_it_carries() -> None:
+    """A defaultdict takes its factory, not its items, as its first argument: rebuilding one
+    from its items raised TypeError after the function had run."""
+    class Labelled(list):  # a list subclass whose constructor wants more than the items
+        def __init__(self, items: list[Any], label: str) -> None:
+            super().__init__(items)
+            self.label = label
+
+    counts: defaultdict[str, Any] = defaultdict(int, {"x": np.arange(3), "n": 2})
+    ordered = OrderedDict([("b", np.ones(2)), ("a", np.zeros(2))])
+    labelled = Labelled([np.arange(2), "text"], label="pair")
+    rebuilt = map_arrays((counts, ordered, labelled), np.ndarray, lambda array: array * 10, 3)
+    new_counts, new_ordered, new_labelled = rebuilt
+    assert type(new_counts) is defaultdict and new_counts.default_factory is int
+    np.testing.assert_array_equal(new_counts["x"], [0, 10, 20])
+    assert new_counts["n"] == 2 and new_counts["missing"] == 0
+    assert type(new_ordered) is OrderedDict and list(new_ordered) == ["b", "a"]
+    np.testing.assert_array_equal(new_ordered["b"], [10, 10])
+    assert type(new_labelled) is Labelled and new_labelled.label == "pair"
+    np.testing.assert_array_equal(new_labelled[0], [0, 10])
+    assert new_labelled[1] == "text"
+    np.testing.assert_array_equal(counts["x"], [0, 1, 2])  # the originals are untouched
+    np.testing.assert_array_equal(labelled[0], [0, 1])
 
 
 def test_arrays_are_found_in_containers_up_to_the_documented_depth() -> None:
@@ -342,6 +367,20 @@ def test_classification_of_failures() -> None:
         np.concatenate([Dispatching()])
     assert is_gpu_failure(dispatch_error.value)
     assert not is_gpu_failure(ValueError("need three rows"))
+    with pytest.raises(ValueError) as string_dtype:  # CuPy holds no string arrays
+        cupy.array(np.array(["lo", "hi"]))
+    assert is_gpu_failure(string_dtype.value)
+
+    class LikeCupysArray:  # an attribute NumPy's arrays have and CuPy's lack
+        __slots__ = ()
+
+    LikeCupysArray.__module__ = "cupy"
+    with pytest.raises(AttributeError) as missing_on_device:
+        LikeCupysArray().resize  # type: ignore[attr-defined]  # noqa: B018
+    assert is_gpu_failure(missing_on_device.value)
+    with pytest.raises(AttributeError) as missing_on_users:
+        np.ones(2).no_such_attribute  # type: ignore[attr-defined]  # noqa: B018
+    assert not is_gpu_failure(missing_on_users.value)
     try:
         raise TypeError("user's own type error")
     except TypeError as error:

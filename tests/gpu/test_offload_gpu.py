@@ -143,6 +143,29 @@ def test_missing_ufunc_falls_back() -> None:
     assert last(spacing)[0] == "fallback"
 
 
+def test_what_cupy_arrays_cannot_do_falls_back_to_the_cpu_answer() -> None:
+    """A method CuPy's arrays lack, raised in the user's own frame, and an array of strings,
+    which CuPy cannot hold: both work on the CPU, so both re-run there."""
+    @veda.gpu(force="gpu")
+    def padded(x: np.ndarray) -> np.ndarray:
+        y = x.copy()
+        y.resize(x.size + 3, refcheck=False)
+        return y
+
+    @veda.gpu(force="gpu")
+    def labelled(x: np.ndarray) -> np.ndarray:
+        return np.array(["low", "high"])[(x > 0.5).astype(np.int64)]
+
+    x = np.random.default_rng(17).random(1000)
+    for function in (padded, labelled):
+        with pytest.warns(veda.OffloadWarning, match="re-ran on CPU"):
+            result = function(x)
+        expected = function.__wrapped__(x)
+        assert type(result) is np.ndarray and result.dtype == expected.dtype
+        np.testing.assert_array_equal(result, expected)
+        assert last(function)[0] == "fallback"
+
+
 def test_out_of_memory_falls_back_to_cpu_and_raise_mode_raises() -> None:
     device_bytes = veda.get_runtime().gpu.devices[0].total_memory  # type: ignore[union-attr]
     scratch_bytes = int(device_bytes * 1.1)  # more than the GPU has; lazy (virtual) on the host

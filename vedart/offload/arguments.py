@@ -8,6 +8,7 @@ Scanning is linear in the number of container elements.
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -83,12 +84,22 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
                  for key, item in value.items()}
         if all(map(operator.is_, items.values(), value.values())):
             return value
-        return items if type(value) is dict else type(value)(items)
+        if type(value) is dict:
+            return items
+        # A subclass may not take its items as its one argument (a defaultdict takes its
+        # factory): a shallow copy keeps what it carries, then gets the converted items.
+        rebuilt = copy.copy(value)
+        rebuilt.update(items)
+        return rebuilt
     converted = [map_arrays(item, array_type, convert, depth - 1) for item in value]
     if all(map(operator.is_, converted, value)):
         return value
     if isinstance(value, list):
-        return converted if type(value) is list else type(value)(converted)
+        if type(value) is list:
+            return converted
+        rebuilt = copy.copy(value)
+        rebuilt[:] = converted
+        return rebuilt
     if hasattr(value, "_fields"):  # namedtuple
         return type(value)(*converted)
     return tuple(converted) if type(value) is tuple else type(value)(converted)

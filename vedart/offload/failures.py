@@ -2,9 +2,11 @@
 
 GPU-specific (the call is re-run on the CPU under ``fallback="cpu"``): exceptions whose class is
 defined by CuPy (out of memory, CUDA driver/runtime errors, cuBLAS/cuSOLVER errors, NVRTC
-compile errors), and ``TypeError`` / ``NotImplementedError`` / ``AttributeError`` raised inside
-CuPy or by NumPy's dispatch when CuPy has no implementation or refuses an implicit conversion.
-Everything else is the user's exception and propagates unchanged.
+compile errors); ``TypeError`` / ``NotImplementedError`` / ``AttributeError`` raised inside
+CuPy or by NumPy's dispatch when CuPy has no implementation or refuses an implicit conversion;
+an ``AttributeError`` for an attribute a CuPy object lacks (``ndarray.resize``); and CuPy's
+``ValueError`` for a dtype it cannot hold (string arrays). Everything else is the user's
+exception and propagates unchanged.
 """
 
 from __future__ import annotations
@@ -25,14 +27,20 @@ _MISSING_IMPLEMENTATION_TEXT = (
     "Unsupported type <class 'numpy.",        # CuPy refusing a NumPy operand
 )
 _RAISED_BY_LIBRARY = (TypeError, NotImplementedError, AttributeError)
+_UNSUPPORTED_DTYPE_TEXT = "Unsupported dtype "  # CuPy's ValueError for str and object arrays
 
 
 def is_gpu_failure(error: BaseException) -> bool:
     """Whether ``error``, raised on the GPU path, is the GPU's fault rather than the user's."""
     if type(error).__module__.startswith(_GPU_PACKAGES):
         return True
+    if isinstance(error, ValueError):
+        return str(error).startswith(_UNSUPPORTED_DTYPE_TEXT)
     if not isinstance(error, _RAISED_BY_LIBRARY):
         return False
+    # Raised in the user's own frame (``x.resize(...)``), but about a CuPy object.
+    if isinstance(error, AttributeError) and type(error.obj).__module__.startswith(_GPU_PACKAGES):
+        return True
     message = str(error)
     if any(text in message for text in _MISSING_IMPLEMENTATION_TEXT):
         return True
