@@ -4,7 +4,10 @@ shared."""
 
 from __future__ import annotations
 
+import sys
 import threading
+import types
+from typing import Any
 
 import numpy as np
 import pytest
@@ -57,6 +60,30 @@ def test_module_numpy_names_route_to_the_device_package() -> None:
     device_clone(sm.nested_lambda, RECORDING)(3)
     device_clone(sm.Scaler(2.0).scale, RECORDING)(np.arange(2.0))
     assert [name for name, _ in recording_numpy.calls] == ["zeros"] * 6
+
+
+def linalg_results(m: np.ndarray) -> tuple[Any, ...]:
+    return np.linalg.eigh(m), np.linalg.svd(m), np.linalg.svd(m, compute_uv=False)
+
+
+def test_linalg_results_come_back_as_numpys_named_tuples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CuPy's eigh and svd return plain tuples; NumPy 2's return named ones
+    (``eigh(m).eigenvalues``), so the clone's must too."""
+    device, linalg = types.ModuleType("plain_numpy"), types.ModuleType("plain_numpy.linalg")
+    linalg.eigh = lambda m: tuple(np.linalg.eigh(m))  # type: ignore[attr-defined]
+    linalg.svd = lambda m, compute_uv=True: (  # type: ignore[attr-defined]
+        tuple(np.linalg.svd(m)) if compute_uv else np.linalg.svd(m, compute_uv=False))
+    device.linalg = linalg  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "plain_numpy", device)
+    monkeypatch.setitem(sys.modules, "plain_numpy.linalg", linalg)
+    m = np.random.default_rng(18).random((5, 5))
+    m = m + m.T
+    actual = device_clone(linalg_results, ModuleMapper({"numpy": "plain_numpy"}))(m)
+    expected = linalg_results(m)
+    assert [type(part) for part in actual] == [type(part) for part in expected]
+    np.testing.assert_array_equal(actual[0].eigenvalues, expected[0].eigenvalues)
+    np.testing.assert_array_equal(actual[1].S, expected[1].S)
+    np.testing.assert_array_equal(actual[2], expected[2])
 
 
 def test_names_the_device_package_lacks_fall_back_to_numpy() -> None:

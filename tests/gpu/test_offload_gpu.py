@@ -166,6 +166,23 @@ def test_what_cupy_arrays_cannot_do_falls_back_to_the_cpu_answer() -> None:
         assert last(function)[0] == "fallback"
 
 
+def test_linalg_results_have_numpys_named_tuple_types_on_the_gpu() -> None:
+    @veda.gpu(force="gpu")
+    def spectrum(m: np.ndarray) -> Any:
+        return np.linalg.eigh(m).eigenvalues, np.linalg.svd(m), np.linalg.slogdet(m)
+
+    m = np.random.default_rng(19).random((64, 64))
+    m = m + m.T
+    gpu_values, gpu_svd, gpu_slogdet = spectrum(m)
+    assert last(spectrum)[0] == "gpu"
+    cpu_values, cpu_svd, cpu_slogdet = spectrum.__wrapped__(m)
+    assert type(gpu_svd) is type(cpu_svd) and type(gpu_slogdet) is type(cpu_slogdet)
+    assert_same(gpu_values, cpu_values, rtol=1e-10, atol=1e-10)
+    assert_same(gpu_svd.S, cpu_svd.S, rtol=1e-10, atol=1e-10)
+    assert_same(gpu_slogdet.logabsdet, cpu_slogdet.logabsdet, rtol=1e-10)
+    assert gpu_slogdet.sign == cpu_slogdet.sign
+
+
 def test_out_of_memory_falls_back_to_cpu_and_raise_mode_raises() -> None:
     device_bytes = veda.get_runtime().gpu.devices[0].total_memory  # type: ignore[union-attr]
     scratch_bytes = int(device_bytes * 1.1)  # more than the GPU has; lazy (virtual) on the host

@@ -115,6 +115,8 @@ class DeviceNamespace:
                 if host_value is _MISSING:
                     raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
                 value = host_value
+            else:
+                value = _with_numpys_result_type(value, self.__name__, name)
         setattr(self, name, value)  # cache: the next lookup is a plain attribute read
         return value
 
@@ -123,6 +125,35 @@ class DeviceNamespace:
 
 
 _MISSING = object()
+
+# NumPy functions that return a named tuple where CuPy's return a plain one, and the named
+# tuple's type (NumPy 2 defines them in numpy.linalg._linalg).
+_NUMPY_RESULT_TYPES = {("numpy.linalg", "eig"): "EigResult", ("numpy.linalg", "eigh"): "EighResult",
+                       ("numpy.linalg", "qr"): "QRResult",
+                       ("numpy.linalg", "slogdet"): "SlogdetResult",
+                       ("numpy.linalg", "svd"): "SVDResult"}
+
+
+def _with_numpys_result_type(device_function: Any, host_module: str, name: str) -> Any:
+    """``device_function``, made to return its plain tuples as the named tuple NumPy's function
+    of that name returns (``eigh(m).eigenvalues`` and the result's type then match the CPU
+    path); other results (``svd(m, compute_uv=False)``) pass through."""
+    type_name = _NUMPY_RESULT_TYPES.get((host_module, name))
+    if type_name is None:
+        return device_function
+    try:
+        result_type = getattr(importlib.import_module("numpy.linalg._linalg"), type_name)
+    except (ImportError, AttributeError):  # a NumPy that names no result types
+        return device_function
+
+    @functools.wraps(device_function)
+    def named(*args: Any, **kwargs: Any) -> Any:
+        result = device_function(*args, **kwargs)
+        if type(result) is tuple and len(result) == len(result_type._fields):
+            return result_type(*result)
+        return result
+
+    return named
 
 
 class _CloneGlobals(dict):  # type: ignore[type-arg]
