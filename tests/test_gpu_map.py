@@ -50,6 +50,7 @@ class FakeCall:
         FakeCall.alive.add(self)
         self.offload, self.item, self.decision = offload, item, decision
         self.host_bytes = item.nbytes
+        self.device_inputs = offload.device_inputs
         self.staged_on: str | None = None
         self._outcome: tuple[bool, Any] | None = None
 
@@ -86,7 +87,7 @@ class FakeOffload:
 
     def __init__(self, function: Callable[[np.ndarray], Any], *, threshold: int = MB,
                  force: str | None = None, gpu_seconds: float = 0.0,
-                 cpu_model: str = "static") -> None:
+                 cpu_model: str = "static", device_inputs: bool = False) -> None:
         self.__wrapped__ = function
         self.__name__ = function.__name__
         self.gpu_options = OffloadOptions(threshold=threshold, force=force)
@@ -96,6 +97,7 @@ class FakeOffload:
         self.on_device = 0
         self.most_on_device = 0
         self.cpu_model = cpu_model  # the model that decides small items for the CPU
+        self.device_inputs = device_inputs  # whether its items stand for device arrays
         self.decided_runs: list[int] = []
 
     def plan_call(self, item: np.ndarray) -> FakeCall:
@@ -241,6 +243,16 @@ def test_idle_cpu_workers_take_competitive_items_when_lanes_are_full() -> None:
     hybrid_items = {p.item for p in runtime.telemetry.placements() if p.path == "hybrid"}
     lane_items = {index for index, active, _, _, _ in wrapper.calls if active is not None}
     assert hybrid_items.isdisjoint(lane_items) and hybrid_items | lane_items == set(range(24))
+
+
+def test_items_whose_inputs_are_on_the_device_never_go_to_idle_cpu_workers() -> None:
+    """The function as written would get the device arrays as they are (CuPy results, or a
+    TypeError mixing them with NumPy), on no device made current."""
+    runtime = fake_gpus(count=1, threads=2)
+    wrapper = FakeOffload(first_times_ten, gpu_seconds=0.03, device_inputs=True)
+    near_threshold = items(24, int(1.5 * MB))  # competitive, were they host arrays
+    assert par_iter(near_threshold).gpu_map(wrapper).collect() == [10 * i for i in range(24)]
+    assert placements(runtime) == {("gpu", 0): 24}
 
 
 def test_items_far_above_the_threshold_and_forced_items_stay_on_the_gpu() -> None:

@@ -333,6 +333,21 @@ def test_zip_error_names_the_stage() -> None:
     assert (caught.value.index, caught.value.stage) == (1, "#1 zip")
 
 
+def test_zip_reads_no_iterable_past_the_end_of_an_earlier_one() -> None:
+    """As the builtin zip: an iterable that would raise only past the shortest one's end is
+    never read that far."""
+    def raising_at(position: int) -> Iterator[int]:
+        yield from range(position)
+        raise LookupError("read too far")
+
+    for make in (lambda: raising_at(5), lambda: raising_at(3)):
+        expected = list(zip(range(10), [1, 2, 3], make()))
+        assert par_iter(range(10)).zip([1, 2, 3], make()).collect() == expected
+    with pytest.raises(ParIterError) as caught:  # raising before the shortest ends does raise
+        par_iter(range(10)).zip([1, 2, 3, 4], raising_at(2)).collect()
+    assert caught.value.index == 2
+
+
 @pytest.mark.parametrize(("build", "error", "message"), [
     (lambda: par_iter([1], chunk_size=0), ConfigError,
      "chunk_size: got 0; allowed: None (automatic) or an int >= 1"),

@@ -402,6 +402,11 @@ class PlannedCall:
         return self.facts.host_bytes
 
     @property
+    def device_inputs(self) -> bool:
+        """Whether any argument is already a device array."""
+        return bool(self.facts.device_ordinals)
+
+    @property
     def _runtime(self) -> Runtime:
         runtime = self._plan.runtime
         assert runtime is not None

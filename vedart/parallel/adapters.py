@@ -49,18 +49,24 @@ class Zip(Stage):
         batch = self._upstream.read(limit)
         if batch is None:
             return None
-        columns = [self._column(iterator, batch) for iterator in self._iterators]
-        width = min(len(column) for column in columns)
+        # As the builtin zip reads them: no iterable is read past where an earlier one ended,
+        # so an error it would raise there is never seen.
+        columns, width = [], len(batch)
+        for iterator in self._iterators:
+            columns.append(self._column(iterator, batch, width))
+            width = len(columns[-1])
         if width < len(batch):
             self._ended = True
             batch = batch.slice(0, width)
             self._upstream.close()
         return batch.with_items(list(zip(batch.items, *columns)))
 
-    def _column(self, iterator: Iterable[Any], batch: Batch) -> list[Any]:
+    def _column(self, iterator: Iterable[Any], batch: Batch, width: int) -> list[Any]:
+        """Up to ``width`` items of ``iterator``; fewer where it ends or raises (the error is
+        kept for the item where it came)."""
         column: list[Any] = []
         try:
-            column.extend(islice(iterator, len(batch)))
+            column.extend(islice(iterator, width))
         except Exception as error:
             self._failure = ItemFailure(batch.origins[len(column)], self._label, error)
         return column

@@ -60,6 +60,7 @@ class LaneCall(Protocol):
 
     decision: Decision
     host_bytes: int  # of the host arrays among its arguments
+    device_inputs: bool  # whether any of its arguments is already a device array
 
     def stages(self, engine: TransferEngine) -> bool: ...
 
@@ -276,7 +277,7 @@ class GpuMapReader(ItemwiseReader):
         lanes = self._lanes.devices.get(decision.device, lanes)  # an input's own device
         self._flush_cpu()
         if not lanes.admit(nbytes, decision.free_bytes, wait=False):
-            if self._hybrid_takes(nbytes, lanes):
+            if self._hybrid_takes(call, lanes):
                 hybrid = _CpuItems()
                 hybrid.add(item, origin, nbytes)
                 self._push(self._scheduler.submit(Task(in_context(
@@ -303,9 +304,12 @@ class GpuMapReader(ItemwiseReader):
         except RuntimeError:  # the engine is closing with its runtime: upload unstaged
             return None
 
-    def _hybrid_takes(self, nbytes: int, lanes: DeviceLanes) -> bool:
-        return (self._hybrid_allowed and forced_path.get() is None
-                and self._scheduler.idle_workers() > 0 and self._rating.competitive(nbytes, lanes))
+    def _hybrid_takes(self, call: LaneCall, lanes: DeviceLanes) -> bool:
+        """Whether an idle CPU worker runs ``call``'s item as written instead; never one with
+        device arrays among its inputs, which the function as written would get as they are."""
+        return (self._hybrid_allowed and forced_path.get() is None and not call.device_inputs
+                and self._scheduler.idle_workers() > 0
+                and self._rating.competitive(call.host_bytes, lanes))
 
     def _add_cpu(self, item: Any, origin: int, nbytes: int, call: LaneCall | None = None) -> None:
         self._cpu_items.add(item, origin, nbytes, call)
