@@ -57,6 +57,21 @@ def test_gpu_map_results_equal_the_cpu_path(gpu_runtime: veda.Runtime) -> None:
     assert stats["gpu_calls"] == 16 and stats["fallback_calls"] == 0
 
 
+def test_items_already_on_the_device_run_there_and_come_back_as_numpy(
+        gpu_runtime: veda.Runtime) -> None:
+    """Device-array items are never handed to idle CPU workers (which would run the function
+    as written on CuPy arrays), however full the lanes are."""
+    import cupy
+
+    device = gpu_runtime.gpu.devices[0].ordinal
+    with cupy.cuda.Device(device):
+        items = [cupy.asarray(M) for M in matrices(48, size=400, seed=3)]
+    results = par_iter(items).gpu_map(process, device=device).collect()
+    assert_same(results, [process(cupy.asnumpy(M)) for M in items])
+    counts = placements(gpu_runtime)
+    assert counts == {("gpu", device): 48}
+
+
 def test_mixed_sizes_split_between_lanes_and_workers(gpu_runtime: veda.Runtime) -> None:
     rng = np.random.default_rng(1)
     mixed = [rng.random((1000 if i % 2 else 50, 1000 if i % 2 else 50), dtype=np.float32)
