@@ -75,13 +75,11 @@ class PinnedPool:
             except MemoryError:  # the system's pinned memory, not the limit: free ours, retry
                 self.empty_cache()
                 return self._allocate(size)
-        except MemoryError:
+        except BaseException as error:  # an interrupt too: the block was never handed out
             with self._lock:
                 self.used_bytes -= size
-            return None
-        except BaseException:  # an interrupt too: the block was never handed out
-            with self._lock:
-                self.used_bytes -= size
+            if isinstance(error, MemoryError):
+                return None
             raise
 
     def give_back(self, block: Any) -> None:

@@ -245,16 +245,14 @@ class _Offload:
     def _writes_problem(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         assert self._signature is not None
         bound = self._signature.bind(*args, **kwargs).arguments
-        arrays: list[np.ndarray] | None = None
+        arrays = [*iter_arrays(args, np.ndarray, CONTAINER_DEPTH + 1),
+                  *iter_arrays(kwargs, np.ndarray, CONTAINER_DEPTH + 1)]
         for name in self.options.writes:
             value = bound.get(name)
             if type(value) is not np.ndarray:
                 return f"writes= argument {name!r} is a {type(value).__name__}, not an ndarray"
             if not value.flags.writeable:
                 return f"writes= argument {name!r} is read-only"
-            if arrays is None:
-                arrays = [*iter_arrays(args, np.ndarray, CONTAINER_DEPTH + 1),
-                          *iter_arrays(kwargs, np.ndarray, CONTAINER_DEPTH + 1)]
             # Each argument goes to the device as a copy of its own, so a write through one
             # would not show through the other there, as it does on the CPU.
             if sum(np.may_share_memory(value, array) for array in arrays) > 1:

@@ -126,19 +126,17 @@ class DeviceNamespace:
 
 _MISSING = object()
 
-# NumPy functions that return a named tuple where CuPy's return a plain one, and the named
-# tuple's type (NumPy 2 defines them in numpy.linalg._linalg).
-_NUMPY_RESULT_TYPES = {("numpy.linalg", "eig"): "EigResult", ("numpy.linalg", "eigh"): "EighResult",
-                       ("numpy.linalg", "qr"): "QRResult",
-                       ("numpy.linalg", "slogdet"): "SlogdetResult",
-                       ("numpy.linalg", "svd"): "SVDResult"}
+# numpy.linalg functions that return a named tuple where CuPy's return a plain one, and the
+# named tuple's type (NumPy 2 defines them in numpy.linalg._linalg).
+_LINALG_RESULT_TYPES = {"eig": "EigResult", "eigh": "EighResult", "qr": "QRResult",
+                        "slogdet": "SlogdetResult", "svd": "SVDResult"}
 
 
 def _with_numpys_result_type(device_function: Any, host_module: str, name: str) -> Any:
     """``device_function``, made to return its plain tuples as the named tuple NumPy's function
     of that name returns (``eigh(m).eigenvalues`` and the result's type then match the CPU
     path); other results (``svd(m, compute_uv=False)``) pass through."""
-    type_name = _NUMPY_RESULT_TYPES.get((host_module, name))
+    type_name = _LINALG_RESULT_TYPES.get(name) if host_module == "numpy.linalg" else None
     if type_name is None:
         return device_function
     try:
