@@ -342,24 +342,28 @@ class AdaptiveModel:
         when the choice changes. Only calls that reach the model count (not those under the
         settled-CPU floor, which take the fast path); with ``peek`` nothing is counted."""
         state = bucket.revisit
+        other = "cpu" if choice.path == "gpu" else "gpu"
         if state is None or state.chosen != choice.path:
-            state = _Revisit(REVISIT_FIRST, REVISIT_FIRST, choice.path)
+            first = self._interval(REVISIT_FIRST, bucket, choice.path, other)
+            state = _Revisit(first, first, choice.path)
             if not peek:
                 bucket.revisit = state
         if state.recheck_left == 0 and state.calls_left > 1:
             if not peek:
                 state.calls_left -= 1
+                bucket.last_path = choice.path  # untimed, but a switch all the same
                 seconds = bucket.typical(choice.path)
                 if seconds != math.inf:
                     self._ledger(key).total += seconds
             return choice
-        other = "cpu" if choice.path == "gpu" else "gpu"
         if state.recheck_left > 0:
             interval, call = state.interval, 2 * RECHECK_CALLS - state.recheck_left + 1
             if not peek:
                 state.recheck_left -= 1
         else:
-            interval, call = self._next_interval(state.interval, bucket, choice.path, other), 1
+            interval = self._interval(min(2 * state.interval, REVISIT_MAX), bucket,
+                                      choice.path, other)
+            call = 1
             if not peek:
                 state.calls_left = state.interval = interval
                 state.recheck_left = 2 * RECHECK_CALLS - 1
@@ -370,19 +374,17 @@ class AdaptiveModel:
                              f"{interval} calls)")
 
     @staticmethod
-    def _next_interval(interval: int, bucket: _Bucket, chosen: str, other: str) -> int:
-        """Calls until the next re-check: double the last interval (up to ``REVISIT_MAX``),
-        and no fewer than keep a re-check's extra time within ``EXPLORE_BUDGET`` of the
-        chosen path's time over the interval."""
-        doubled = min(2 * interval, REVISIT_MAX)
+    def _interval(calls: int, bucket: _Bucket, chosen: str, other: str) -> int:
+        """Calls until the next re-check: ``calls``, or more where that keeps a re-check's
+        extra time within ``EXPLORE_BUDGET`` of the chosen path's time over the interval."""
         chosen_s, other_s = bucket.typical(chosen), bucket.typical(other)
         if not (0 < chosen_s < other_s < math.inf):
-            return doubled
+            return calls
         ratio = other_s / chosen_s
         budgeted = math.ceil(RECHECK_CALLS * (ratio - 1) / EXPLORE_BUDGET)
         if ratio >= SLOW_RATIO:
             budgeted = max(budgeted, SLOW_REVISIT_MIN)
-        return max(doubled, budgeted)
+        return max(calls, budgeted)
 
     def _fits_if_needed(self, key: str, signature: str, samples: dict[str, list[list[float]]]
                         ) -> dict[str, Callable[[float], float] | None] | None:

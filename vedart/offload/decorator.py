@@ -312,13 +312,14 @@ class _Offload:
 
     def run_on_cpu(self, plan: _Plan, path: str, reason: str, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
+        if plan.stats is None:
+            return self.func(*args, **kwargs)
         started = time.perf_counter()
         result = self.func(*args, **kwargs)
-        if plan.stats is not None:
-            assert plan.runtime is not None
-            plan.runtime.telemetry.record(CallRecord(
-                self.name, path, reason, seconds_compute=time.perf_counter() - started,
-                timestamp=time.time()))
+        assert plan.runtime is not None
+        plan.runtime.telemetry.record(CallRecord(
+            self.name, path, reason, seconds_compute=time.perf_counter() - started,
+            timestamp=time.time()))
         return result
 
     def _device_function(self) -> Callable[..., Any]:
@@ -458,6 +459,9 @@ class PlannedCall:
             raise GPUUnavailableError(f"{self._offload.name}: {decision.reason} "
                                       "(fallback='raise')")
         if decision.path == "cpu":
+            if not (decision.timed and decision.model == "adaptive"):  # nothing to learn
+                return self._offload.run_on_cpu(self._plan, "cpu", decision.reason, self.args,
+                                                self.kwargs)
             started = time.perf_counter()
             result = self._offload.run_on_cpu(self._plan, "cpu", decision.reason, self.args,
                                                self.kwargs)
