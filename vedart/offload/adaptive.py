@@ -1,32 +1,40 @@
 """The adaptive cost model: learn, per function and argument signature, which path is faster.
 
-Bytes alone cannot tell (a float64 sum never pays for its transfer; a 256 KB FFT does), so
-timings decide. Per (function, signature: dtypes and ranks, log2 size bucket) the model keeps
-the latest end-to-end times of each path and:
+Bytes alone cannot tell (a float64 sum never pays for its transfer; a 256 KB FFT does; a
+function of an ``int`` can run for seconds), so timings decide. Per (function, signature:
+dtypes, ranks and the log2 magnitudes of numbers passed as arguments, log2 size bucket) the
+model keeps the latest end-to-end times of each path and:
 
-0. learns from each call's end-to-end time, except the first call of a bucket after a
+0. learns from each timed call's end-to-end time, except the first call of a bucket after a
    call on the other path: it pays for waking its path (NumPy's BLAS threads, cold caches),
-   which is not what the path costs once chosen;
-1. explores: a path with fewer than ``EXPLORE_TRIES`` samples in the bucket is tried, one
-   path's tries back to back (the predicted-faster path first), unless that path is already
-   clearly worse (its typical time above
-   ``CLEARLY_WORSE`` x the other's, or so predicted by fits over several other sizes);
-2. exploits: otherwise it takes the path with the lower typical time (the lower median of
-   its kept samples: one slow sample does not condemn a path, one lucky sample does not
-   crown it), except that it re-checks the other path after ``REVISIT_FIRST`` calls,
-   then after twice as many each time (up to ``REVISIT_MAX``), so a path timed during a slow
-   spell is timed again. A re-check runs the other path on ``RECHECK_CALLS`` consecutive
-   calls; one that finds it faster than the chosen path is followed by another after
-   ``REVISIT_FIRST`` calls again, so a path whose samples came from a slow spell wins back in
-   a few re-checks. Calls below the size under which a function is settled on the CPU
-   take the @gpu fast path and never reach the model, so those sizes are not re-checked;
-3. generalises: a bucket with no samples for a path is predicted by a per-path fit
-   ``time = a + b * bytes`` over the function's other buckets, else by the calibration profile
-   (``python -m vedart calibrate``; defaults are figures measured on the lent H100).
+   which is not what the path costs once chosen. @gpu's fast path (arguments below
+   ``ADAPTIVE_FLOOR``) feeds it the CPU time of calls of ``LIGHT_S`` or more: a function
+   lighter than that never reaches the model;
+1. starts a size it knows nothing about on the CPU while the calibration predicts the CPU
+   under ``FIRST_ON_CPU_S`` (the first call runs as written and its time decides what is worth
+   trying), else on the path the calibration predicts faster;
+2. explores: a path with fewer than ``EXPLORE_TRIES`` samples in the bucket is tried, one
+   path's tries back to back, unless it is clearly worse (its typical time above
+   ``CLEARLY_WORSE`` x the other's, or so predicted by fits over other sizes; or, for the GPU,
+   a measured CPU call faster than a GPU launch plus the upload), or trying it would take the
+   function's exploration cost beyond ``EXPLORE_BUDGET`` of its time so far;
+3. exploits: otherwise it takes the path with the lower typical time (the lower median of
+   its kept samples). Settled calls are not timed; they count down to a re-check of the other
+   path (``RECHECK_CALLS`` calls, then as many timed calls of the chosen path) after
+   ``REVISIT_FIRST`` calls, then twice as many each time (up to ``REVISIT_MAX``), and never
+   sooner than keeps the re-check within ``EXPLORE_BUDGET`` of the calls between (at least
+   ``SLOW_REVISIT_MIN`` for a path ``SLOW_RATIO`` times slower). A re-check that finds the
+   other path faster is followed by another after ``REVISIT_FIRST`` calls;
+4. generalises: a bucket with no samples for a path is predicted by a per-path fit
+   ``time = a + b * size`` over the function's other buckets of the signature (size: bytes
+   times the scalars' magnitudes), never below a GPU launch plus the upload for the GPU, else
+   by the calibration profile (``python -m vedart calibrate``; defaults are figures measured
+   on an H100 80GB HBM3).
 
 The model is consulted only after the static checks allowed the GPU (usable device, supported
 dtypes, enough free memory), so it never picks a path that fails them. History persists in the
-profile file (:mod:`vedart.offload.profile`) keyed by qualname and a hash of the code.
+profile file (:mod:`vedart.offload.profile`) keyed by qualname and a hash of the code; reasons
+of buckets settled from it say ``from profile``.
 """
 
 from __future__ import annotations
