@@ -1,6 +1,7 @@
 """par_iter's gpu_map on the real GPU (``pytest -m gpu``): results equal the CPU path, each lane
-runs on its own stream and the lanes overlap in time, two GPUs share the items, the benchmark
-runs and checks its results."""
+runs on its own stream and the lanes overlap in time, two GPUs share the items, a plain
+GPU-friendly function on the default configuration runs every item on a lane once learned,
+the benchmark runs and checks its results."""
 
 from __future__ import annotations
 
