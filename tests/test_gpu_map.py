@@ -1,6 +1,7 @@
 """gpu_map without a GPU: routing over fake devices and lanes (device facts from FakeProbe, lanes
-bound to fake streams), per-item decisions, spreading by load, the memory bound on items in
-flight, hybrid CPU help, placements in telemetry, errors, nesting and shutdown."""
+bound to fake streams), per-item decisions, exploration by the adaptive model (times injected),
+spreading by load, the memory bound on items in flight, hybrid CPU help, placements in
+telemetry, errors, nesting and shutdown."""
 
 from __future__ import annotations
 
@@ -17,11 +18,19 @@ from fakes import FakeProbe
 
 import vedart as veda
 from vedart.errors import DeviceError, ParIterError
+from vedart.offload.adaptive import AdaptiveModel
 from vedart.offload.cost import Decision
 from vedart.offload.decorator import OffloadOptions
 from vedart.offload.force import preferred_device
 from vedart.parallel import gpu_map
-from vedart.parallel.gpu_lanes import REFILL_AT, STREAMS_PER_DEVICE, DeviceLanes, Lane
+from vedart.parallel.gpu_lanes import (
+    REFILL_AT,
+    STREAMS_PER_DEVICE,
+    DeviceLanes,
+    Lane,
+    current_lane,
+)
+from vedart.parallel.gpu_map import HybridRating
 from vedart.parallel.par_iter import par_iter
 
 MB = 1_000_000
@@ -67,12 +76,15 @@ class FakeCall:
         """Run as decided, on the calling thread (a CPU decision of the adaptive model)."""
         with self.offload.lock:
             self.offload.decided_runs.append(int(self.item[0]))
-        return self.offload.__wrapped__(self.item)
+        value = self.offload.__wrapped__(self.item)
+        self.offload.ran(self)
+        return value
 
     def land(self) -> Any:
         assert self._outcome is not None, "land before launch"
         with self.offload.lock:
             self.offload.on_device -= 1
+        self.offload.ran(self)
         succeeded, value = self._outcome
         if not succeeded:
             raise value
@@ -108,6 +120,9 @@ class FakeOffload:
             return FakeCall(self, item, Decision("gpu", "fake", device, free_bytes=free))
         return FakeCall(self, item, Decision("cpu", "fake: small", model=self.cpu_model))
 
+    def ran(self, call: FakeCall) -> None:
+        """``call`` ran as decided (on a CPU worker, or landed from a lane)."""
+
     def run(self, item: np.ndarray, staged_on: str | None) -> tuple[bool, Any]:
         with self.lock:
             self.on_device += 1
@@ -128,8 +143,59 @@ class FakeOffload:
         return self.__wrapped__(item)
 
 
+class LearningOffload(FakeOffload):
+    """A FakeOffload decided by a real AdaptiveModel, as @veda.gpu decides above its floor on the
+    default configuration, learning injected times: ``cpu_seconds`` for a run on the CPU,
+    ``gpu_seconds`` for one on a lane (whose launch sleeps that long; the function should
+    take ``cpu_seconds`` off the lanes, see :func:`costly_on_cpu`). ``timed_running_at_decision``
+    lists, per decision, how many calls the model was timing had not finished."""
+
+    def __init__(self, function: Callable[[np.ndarray], Any], *, cpu_seconds: float,
+                 gpu_seconds: float) -> None:
+        super().__init__(function, threshold=0, gpu_seconds=gpu_seconds, cpu_model="adaptive")
+        self.model = AdaptiveModel()
+        self.cpu_seconds = cpu_seconds
+        self.timed_running = 0
+        self.timed_running_at_decision: list[int] = []
+
+    def plan_call(self, item: np.ndarray) -> FakeCall:
+        choice = self.model.choose("f", "|u1:1", item.nbytes)
+        with self.lock:
+            self.timed_running_at_decision.append(self.timed_running)
+            self.timed_running += choice.timed
+        if choice.path == "cpu":
+            decision = Decision("cpu", choice.reason, model="adaptive", timed=choice.timed)
+        else:
+            device = preferred_device.get()
+            assert device is not None
+            decision = Decision("gpu", choice.reason, device, model="adaptive",
+                                free_bytes=veda.get_runtime().gpu.free_memory(device),
+                                timed=choice.timed)
+        return FakeCall(self, item, decision)
+
+    def ran(self, call: FakeCall) -> None:
+        if not call.decision.timed:
+            return
+        path = call.decision.path
+        self.model.observe("f", "|u1:1", call.host_bytes, path,
+                           self.cpu_seconds if path == "cpu" else self.gpu_seconds)
+        with self.lock:
+            self.timed_running -= 1
+
+
 def first_times_ten(item: np.ndarray) -> int:
     return int(item[0]) * 10
+
+
+def costly_on_cpu(seconds: float) -> Callable[[np.ndarray], int]:
+    """:func:`first_times_ten`, taking ``seconds`` wherever it runs off the GPU lanes."""
+
+    def first_times_ten_slowly(item: np.ndarray) -> int:
+        if current_lane() is None:
+            time.sleep(seconds)
+        return first_times_ten(item)
+
+    return first_times_ten_slowly
 
 
 def items(count: int, nbytes: int) -> list[np.ndarray]:
@@ -232,17 +298,65 @@ def test_items_in_flight_are_bounded_by_device_memory() -> None:
     assert wrapper.most_on_device == 1  # two streams, but the memory admits one item at a time
 
 
-def test_idle_cpu_workers_take_competitive_items_when_lanes_are_full() -> None:
+def test_the_model_decides_each_item_knowing_the_times_of_those_it_explored() -> None:
+    """A GPU-friendly plain function on the default configuration: the model's first call of
+    a size runs on the CPU, and its time must reach the model before the next item is
+    decided, or a whole window of items goes to the CPU to explore."""
     runtime = fake_gpus(count=1, threads=2)
-    wrapper = FakeOffload(first_times_ten, gpu_seconds=0.03)
-    near_threshold = items(24, int(1.5 * MB))  # rated competitive before measurements
-    assert par_iter(near_threshold).gpu_map(wrapper).collect() == [10 * i for i in range(24)]
+    wrapper = LearningOffload(costly_on_cpu(0.2), cpu_seconds=0.2, gpu_seconds=0.002)
+    assert par_iter(items(40, 2 * MB)).gpu_map(wrapper).collect() == [10 * i for i in range(40)]
+    assert wrapper.timed_running_at_decision == [0] * 40
     counts = placements(runtime)
-    assert counts[("gpu", 0)] >= 1 and counts[("hybrid", None)] >= 1
-    assert sum(counts.values()) == 24
+    # On the CPU: the model's first call, and at most one re-check of the CPU (two calls).
+    assert counts.get(("cpu", None), 0) <= 3 and ("hybrid", None) not in counts
+    assert counts[("gpu", 0)] >= 37 and sum(counts.values()) == 40
+    assert sorted(wrapper.decided_runs) == sorted(
+        p.item for p in runtime.telemetry.placements() if p.path == "cpu")
+
+
+def test_idle_cpu_workers_take_items_of_a_size_the_cpu_keeps_up_with() -> None:
+    """Items the model sends to the GPU while the CPU, measured on items of the same size in
+    this stage, finishes one sooner than a full lane would."""
+    runtime = fake_gpus(count=1, threads=2)
+    wrapper = FakeOffload(costly_on_cpu(0.001), threshold=900_000, gpu_seconds=0.01)
+    # Items 0 and 1 are below the threshold, in the size bucket of the others (2^19-2^20).
+    mixed = [np.full(600_000 if i < 2 else MB, i, dtype=np.uint8) for i in range(60)]
+    assert par_iter(mixed).gpu_map(wrapper).collect() == [10 * i for i in range(60)]
+    counts = placements(runtime)
+    assert counts[("cpu", None)] == 2 and counts[("gpu", 0)] >= 1
+    assert counts[("hybrid", None)] >= 1 and sum(counts.values()) == 60
     hybrid_items = {p.item for p in runtime.telemetry.placements() if p.path == "hybrid"}
     lane_items = {index for index, active, _, _, _ in wrapper.calls if active is not None}
-    assert hybrid_items.isdisjoint(lane_items) and hybrid_items | lane_items == set(range(24))
+    assert hybrid_items.isdisjoint(lane_items) and hybrid_items | lane_items == set(range(2, 60))
+
+
+def test_idle_cpu_workers_never_take_items_of_a_size_not_yet_timed_on_the_cpu() -> None:
+    """Neither items near the threshold before any CPU time is known, nor items whose CPU time
+    was measured only at another size (per input byte, small items said nothing of these)."""
+    runtime = fake_gpus(count=1, threads=2)
+    near_threshold = items(24, int(1.5 * MB))
+    par_iter(near_threshold).gpu_map(FakeOffload(first_times_ten, gpu_seconds=0.03)).collect()
+    mixed = [np.full(100_000 if i % 2 else 4 * MB, i, dtype=np.uint8) for i in range(40)]
+    par_iter(mixed).gpu_map(FakeOffload(costly_on_cpu(0.001), gpu_seconds=0.03)).collect()
+    assert runtime.telemetry.placement_counts() == {
+        ("#1 gpu_map(first_times_ten)", "gpu", 0): 24,
+        ("#1 gpu_map(first_times_ten_slowly)", "gpu", 0): 20,
+        ("#1 gpu_map(first_times_ten_slowly)", "cpu", None): 20}
+
+
+def test_a_hybrid_item_must_finish_before_the_lane_would_finish_it() -> None:
+    rating = HybridRating()
+    assert not rating.take(MB, in_flight=16)  # nothing measured
+    rating.observe_lane(MB, 0.001)
+    assert not rating.take(MB, in_flight=16)  # no CPU time of this size yet
+    rating.observe_cpu(64 * MB, 0.0001, hybrid=False)  # another size's says nothing
+    assert not rating.take(MB, in_flight=16)
+    rating.observe_cpu(MB, 0.010, hybrid=False)
+    assert not rating.take(MB, in_flight=8)  # 10 ms on the CPU; 9 ms in the lane
+    assert rating.take(MB, in_flight=10)  # 11 ms in the lane: one worker takes it
+    assert not rating.take(MB, in_flight=10)  # a second would share the CPU: 20 ms
+    rating.observe_cpu(MB, 0.010, hybrid=True)
+    assert rating.take(MB, in_flight=10)
 
 
 def test_items_whose_inputs_are_on_the_device_never_go_to_idle_cpu_workers() -> None:

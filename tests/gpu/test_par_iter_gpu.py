@@ -1,6 +1,7 @@
 """par_iter's gpu_map on the real GPU (``pytest -m gpu``): results equal the CPU path, each lane
-runs on its own stream and the lanes overlap in time, two GPUs share the items, the benchmark
-runs and checks its results."""
+runs on its own stream and the lanes overlap in time, two GPUs share the items, a plain
+GPU-friendly function on the default configuration runs every item on a lane once learned,
+the benchmark runs and checks its results."""
 
 from __future__ import annotations
 
@@ -212,8 +213,44 @@ def test_an_input_on_a_device_the_runtime_does_not_use_is_computed_there(
     assert (float(total), device) == expected[2]
 
 
+def products(M: np.ndarray) -> np.ndarray:
+    """Eight 1000x1000 float32 products per matrix: tens of milliseconds on the CPU, well under
+    one on the GPU."""
+    product = M
+    for _ in range(8):
+        product = (product @ M.T) / M.shape[0]
+    return product.sum(axis=0)
+
+
+def test_gpu_map_on_defaults_places_every_item_of_a_gpu_friendly_function_on_a_lane() -> None:
+    """A plain function on the default configuration (the adaptive model, a fresh profile):
+    the first pipeline explores it without sending a window of items to the CPU, the next
+    places every item on a GPU lane. ``device=`` keeps the lanes, and the model they consult,
+    in this process where a machine has several GPUs."""
+    runtime = veda.init()
+    assert runtime.gpu and runtime.cost_model is not None
+    device = runtime.gpu.devices[0].ordinal
+    first, second = matrices(32, seed=5), matrices(32, seed=6)
+    assert_same(par_iter(first).gpu_map(products, device=device).collect(),
+                [products(M) for M in first])
+    explored = placements(runtime)
+    # The model's first call of the size, and at most one re-check of the CPU (two calls).
+    assert explored.get(("cpu", None), 0) <= 3 and ("hybrid", None) not in explored, explored
+    assert_same(par_iter(second).gpu_map(products, device=device).collect(),
+                [products(M) for M in second])
+    settled = placements(runtime)
+    assert settled[("gpu", device)] - explored[("gpu", device)] == 32, (explored, settled)
+    assert sum(settled.values()) - sum(explored.values()) == 32
+    reason = veda.gpu(products).explain(second[0]).reason  # type: ignore[attr-defined]
+    assert reason.startswith("adaptive: gpu "), reason
+
+
 def test_benchmark_checks_results_and_reports_ratios() -> None:
     result = bench.run(quick=True, matrices=16)
     assert result["cupy_loop_s"] > 0 and result["par_iter_gpu_s"] > 0
     assert result["speedup_over_cupy"] == result["cupy_loop_s"] / result["par_iter_gpu_s"]
-    assert "speedup over CuPy loop" in bench.format_table(result)
+    assert result["speedup_over_numpy"] == result["numpy_s"] / result["par_iter_gpu_s"]
+    assert result["static_par_iter_gpu_s"] > 0
+    assert sum(result["placements"].values()) >= 16 * (1 + 1 + 5)  # checked, warm-up, timed
+    table = bench.format_table(result)
+    assert "speedup over CuPy loop" in table and "static rule" in table

@@ -2,14 +2,17 @@
 the scheduler's overhead on tiny items.
 
 Targets (issue: par_iter pipelines), as ratios measured in one run:
-- 64 float32 1000x1000 matrices, ``f(M) = (M @ M.T).sum(axis=0)``:
-  ``par_iter(mats).gpu_map(f).collect()`` >= 1.5x faster than a sequential hand-written CuPy
-  loop and >= 4x faster than the NumPy loop; with 4x the items, two GPUs >= 1.7x one GPU;
+- 64 float32 1000x1000 matrices, ``f(M) = (M @ M.T).sum(axis=0)`` written as a plain function,
+  on the default configuration (the adaptive cost model): ``par_iter(mats).gpu_map(f)
+  .collect()`` >= 1.5x faster than a sequential hand-written CuPy loop and >= 4x faster than
+  the NumPy loop, the three timed in turn in each round (after one untimed run each, and a
+  first pipeline whose results are checked while the model learns ``f``); with 4x the items,
+  two GPUs >= 1.7x one GPU;
 - ``par_iter(range(1_000_000)).map(lambda x: x * 2).sum()`` within 3x of
   ``sum(map(lambda x: x * 2, range(1_000_000)))`` (pure Python: GIL-bound, this is overhead).
-Every GPU result is checked against NumPy's before any time is reported. The runtimes use the
-static rule, so every matrix goes to a GPU lane: what is measured is the lanes, not the
-adaptive model's exploration.
+A second row times a ``@veda.gpu`` wrapper under the static rule (every matrix on a GPU lane,
+no model), interleaved with the CuPy loop again: the lanes alone. Every GPU result is checked
+against NumPy's before any time is reported.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import numpy as np
 
 import vedart as veda
-from vedart.bench.harness import median_seconds
+from vedart.bench.harness import interleaved_medians, median_seconds
 from vedart.parallel.par_iter import par_iter
 
 MATRICES, SIZE, MULTI_GPU_FACTOR = 64, 1000, 4
@@ -68,7 +71,7 @@ def _placements(runtime: veda.Runtime) -> dict[str, int]:
 def run(quick: bool, matrices: int = MATRICES, size: int = SIZE,
         map_sum_items: int = MAP_SUM_ITEMS) -> dict[str, Any]:
     repeats = 5 if quick else 11
-    runtime = veda.init(veda.Config.builder().cost_model("static").build())
+    runtime = veda.init()
     mats = _matrices(matrices, size, seed=42)
     result: dict[str, Any] = {"suite": "par_iter", "matrices": matrices, "shape": [size, size],
                               "dtype": "float32", "targets": TARGETS, "samples": repeats,
@@ -78,8 +81,12 @@ def run(quick: bool, matrices: int = MATRICES, size: int = SIZE,
     result["par_iter_map_sum_s"] = median_seconds(
         lambda: par_iter(range(map_sum_items)).map(_double).sum(), repeats=repeats)
     result["map_sum_ratio"] = result["par_iter_map_sum_s"] / result["builtin_map_sum_s"]
-    result["numpy_s"] = median_seconds(lambda: [process(M) for M in mats], repeats=repeats)
+
+    def numpy_loop() -> list[np.ndarray]:
+        return [process(M) for M in mats]
+
     if not runtime.gpu:
+        result["numpy_s"] = median_seconds(numpy_loop, repeats=repeats)
         result.update(device_name=None, note="no GPU: GPU columns n/a")
         veda.shutdown()
         return result
@@ -92,23 +99,34 @@ def run(quick: bool, matrices: int = MATRICES, size: int = SIZE,
             results.append((on_device @ on_device.T).sum(axis=0).get())
         return results
 
+    def plain_pipeline() -> list[np.ndarray]:  # as a user writes it: a plain function
+        return par_iter(mats).gpu_map(process).collect()
+
+    sync = cupy.cuda.runtime.deviceSynchronize
     _assert_equal_to_numpy(cupy_loop(), mats)
-    wrapped = veda.gpu(process)
-    result["decision"] = wrapped.explain(mats[0]).reason  # type: ignore[attr-defined]
-    # Interleaved so drift (clocks, other tenants) affects both alike.
-    _assert_equal_to_numpy(par_iter(mats).gpu_map(wrapped).collect(), mats)
-    cupy_samples, vedart_samples = [], []
-    for _ in range(repeats):
-        cupy_samples.append(median_seconds(cupy_loop, repeats=1, warmup=0))
-        vedart_samples.append(median_seconds(
-            lambda: par_iter(mats).gpu_map(wrapped).collect(), repeats=1, warmup=0))
-    cupy_s, vedart_s = float(np.median(cupy_samples)), float(np.median(vedart_samples))
+    _assert_equal_to_numpy(plain_pipeline(), mats)  # the model learns process meanwhile
+    # Interleaved so drift (clocks, other tenants) affects all alike.
+    times = interleaved_medians({"numpy": numpy_loop, "cupy": cupy_loop,
+                                 "vedart": plain_pipeline}, repeats=repeats,
+                                synchronize={"cupy": sync, "vedart": sync})
     result.update({
         "device_name": runtime.gpu.devices[0].name, "devices": len(runtime.gpu.devices),
-        "cupy_loop_s": cupy_s, "par_iter_gpu_s": vedart_s,
-        "speedup_over_cupy": cupy_s / vedart_s, "speedup_over_numpy": result["numpy_s"] / vedart_s,
+        "numpy_s": times["numpy"], "cupy_loop_s": times["cupy"],
+        "par_iter_gpu_s": times["vedart"],
+        "speedup_over_cupy": times["cupy"] / times["vedart"],
+        "speedup_over_numpy": times["numpy"] / times["vedart"],
+        "decision": veda.gpu(process).explain(mats[0]).reason,  # type: ignore[attr-defined]
         "placements": _placements(runtime),
     })
+    runtime = veda.init(veda.Config.builder().cost_model("static").build())
+    wrapped = veda.gpu(process)
+    _assert_equal_to_numpy(par_iter(mats).gpu_map(wrapped).collect(), mats)
+    times = interleaved_medians(
+        {"cupy": cupy_loop, "vedart": lambda: par_iter(mats).gpu_map(wrapped).collect()},
+        repeats=repeats, synchronize={"cupy": sync, "vedart": sync})
+    result.update(static_cupy_loop_s=times["cupy"], static_par_iter_gpu_s=times["vedart"],
+                  static_speedup_over_cupy=times["cupy"] / times["vedart"],
+                  static_placements=_placements(runtime))
     if len(runtime.gpu.devices) >= 2:
         many = _matrices(matrices * MULTI_GPU_FACTOR, size, seed=7)
         veda.init(veda.Config.builder().devices([0]).cost_model("static").build())
@@ -139,13 +157,19 @@ def format_table(result: dict[str, Any]) -> str:
     if "cupy_loop_s" not in result:
         lines.append(result["note"])
         return "\n".join(lines)
-    lines += [f"sequential CuPy loop {result['cupy_loop_s'] * 1e3:.1f} ms, "
-              f"par_iter(...).gpu_map(f) {result['par_iter_gpu_s'] * 1e3:.1f} ms",
+    lines += [f"default configuration, plain f: sequential CuPy loop "
+              f"{result['cupy_loop_s'] * 1e3:.1f} ms, par_iter(...).gpu_map(f) "
+              f"{result['par_iter_gpu_s'] * 1e3:.1f} ms",
               "speedup over CuPy loop: " + _verdict(result["speedup_over_cupy"],
                                                     TARGETS["over_cupy"]),
               "speedup over NumPy loop: " + _verdict(result["speedup_over_numpy"],
                                                      TARGETS["over_numpy"]),
-              f"placements: {result['placements']}; decision: {result['decision']}"]
+              f"placements: {result['placements']}; decision: {result['decision']}",
+              f"static rule, @veda.gpu f: sequential CuPy loop "
+              f"{result['static_cupy_loop_s'] * 1e3:.1f} ms, par_iter(...).gpu_map(f) "
+              f"{result['static_par_iter_gpu_s'] * 1e3:.1f} ms, "
+              f"{result['static_speedup_over_cupy']:.2f}x; placements: "
+              f"{result['static_placements']}"]
     if "two_gpu_speedup" in result:
         lines.append(f"{result['matrices'] * MULTI_GPU_FACTOR} matrices: one GPU "
                      f"{result['one_gpu_s'] * 1e3:.1f} ms, two GPUs "

@@ -2,7 +2,12 @@
 
 Per item, in input order, on the thread that drives the pipeline:
 1. ``wrapper.plan_call(item)`` under ``prefer_device(least loaded device)`` makes the @gpu
-   decision (``force=`` and ``veda.force`` blocks apply as they do to a direct call).
+   decision (``force=`` and ``veda.force`` blocks apply as they do to a direct call). While
+   an item the adaptive model is timing (exploring a path or re-checking one) has not
+   finished, no further item is decided: the model decides the next one knowing its time,
+   as it decides a direct call after the previous one returned. Deciding ahead would send a
+   whole window of items down a path the model has not measured yet (with a plain function,
+   its first call of a size runs on the CPU: a window of 48 matrices, on the CPU).
 2. CPU: the item joins a batch of consecutive CPU items, run on the worker pool
    ``chunk_size`` items per task: through the wrapper (its fast path), or, when the adaptive
    model chose the CPU, as the decided call itself (so a re-check of the CPU runs there and is
@@ -11,8 +16,8 @@ Per item, in input order, on the thread that drives the pipeline:
    inputs are copied into pinned memory on the transfer engine's staging threads; then the
    device's lane thread launches it on one of its streams and lands it (see
    :mod:`vedart.parallel.gpu_lanes` and ``PlannedCall``). When the device is full and a CPU
-   worker is idle, an item the :class:`HybridRating` rates competitive runs on that worker
-   instead.
+   worker is idle, an item the :class:`HybridRating` rates faster on the CPU than in the
+   lane runs on that worker instead (never an item the model is timing).
 Every item's placement is recorded in ``runtime.telemetry`` (``placements()``).
 """
 
@@ -21,12 +26,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from contextvars import copy_context
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from vedart.errors import ConfigError
+from vedart.offload.adaptive import size_bucket
 from vedart.offload.cost import Decision
 from vedart.offload.decorator import gpu
 from vedart.offload.force import forced_path, prefer_device
@@ -51,9 +58,6 @@ from vedart.telemetry import Placement, Telemetry
 if TYPE_CHECKING:
     from vedart.gpu.transfer import TransferEngine
     from vedart.runtime import Runtime
-
-PROBE_FACTOR = 2.0  # before measurements, items under this x the threshold are CPU-competitive
-
 
 class LaneCall(Protocol):
     """One decided call of a @veda.gpu wrapper, run in phases (``PlannedCall``)."""
@@ -100,36 +104,77 @@ def offloaded(function: Callable[..., Any], force: str | None) -> GpuFunction:
     return cast(GpuFunction, function)
 
 
-class HybridRating:
-    """Whether an item the cost model sends to a full GPU would finish as soon on an idle CPU
-    worker, from this stage's own measurements.
+@dataclass
+class _SizeTimes:
+    """Seconds measured for items of one size bucket: on CPU workers, and of a lane thread."""
 
-    Rates are seconds per input byte on each path (GPU: a lane's whole call, transfers
-    included). An item is competitive when the CPU rate is at most the GPU rate times the wait
-    factor ``1 + in_flight / lanes`` of its device. Until both rates are measured, only items
-    smaller than ``PROBE_FACTOR x threshold`` are (near the threshold the CPU is about as
-    fast, and running one measures the CPU rate).
+    cpu_seconds: float = 0.0
+    cpu_items: int = 0
+    lane_seconds: float = 0.0
+    lane_items: int = 0
+    hybrid_running: int = 0
+
+
+class HybridRating:
+    """Whether an idle CPU worker should take an item the cost model sends to a full device,
+    from this stage's own measurements per size (log2 bucket of the item's host bytes):
+
+    - CPU seconds per item: items of that size run on CPU workers (decided for the CPU, or
+      hybrid);
+    - lane seconds per item: the time the device's lane thread spent launching and landing
+      each item of that size. The lane runs its items one after another, so every item ahead
+      of another delays it by about that much.
+
+    An item is taken only when both are measured for its size and the CPU finishes it before
+    the lane would: ``cpu x (hybrid items of its size running + 1) < lane x (items in flight
+    on its device + 1)``, counting the items it would wait for and itself, and the hybrid
+    items already sharing the CPU. An item of a size never run on the CPU in this stage is
+    never taken: a CPU time measured at another size says little about it (a matmul's grows
+    faster than its bytes), and a GPU-friendly function then never pays for finding out.
     """
 
-    def __init__(self, threshold: int) -> None:
-        self._threshold = threshold
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seconds = {"cpu": 0.0, "gpu": 0.0}
-        self._bytes = {"cpu": 0, "gpu": 0}
+        self._sizes: dict[int, _SizeTimes] = {}
 
-    def observe(self, path: str, nbytes: int, seconds: float) -> None:
-        """Account one item of ``nbytes`` input bytes that took ``seconds`` on ``path``."""
-        with self._lock:
-            self._seconds[path] += seconds
-            self._bytes[path] += nbytes
+    def _times(self, nbytes: int) -> _SizeTimes:
+        bucket = size_bucket(nbytes)
+        times = self._sizes.get(bucket)
+        if times is None:
+            times = self._sizes[bucket] = _SizeTimes()
+        return times
 
-    def competitive(self, nbytes: int, lanes: DeviceLanes) -> bool:
+    def observe_cpu(self, nbytes: int, seconds: float, hybrid: bool) -> None:
+        """Account an item of ``nbytes`` host bytes that took ``seconds`` on a CPU worker
+        (``hybrid``: one :meth:`take` counted in)."""
         with self._lock:
-            if not (self._bytes["cpu"] and self._bytes["gpu"]):
-                return nbytes < PROBE_FACTOR * self._threshold
-            cpu_rate = self._seconds["cpu"] / self._bytes["cpu"]
-            gpu_rate = self._seconds["gpu"] / self._bytes["gpu"]
-        return cpu_rate <= gpu_rate * (1 + lanes.in_flight / lanes.streams)
+            times = self._times(nbytes)
+            times.cpu_seconds += seconds
+            times.cpu_items += 1
+            if hybrid:
+                times.hybrid_running -= 1
+
+    def observe_lane(self, nbytes: int, seconds: float) -> None:
+        """Account an item of ``nbytes`` host bytes that took ``seconds`` of a lane thread."""
+        with self._lock:
+            times = self._times(nbytes)
+            times.lane_seconds += seconds
+            times.lane_items += 1
+
+    def take(self, nbytes: int, in_flight: int) -> bool:
+        """Whether an idle worker takes an item of ``nbytes`` host bytes whose device has
+        ``in_flight`` items admitted (see the class doc); when it does, the item counts as
+        running until :meth:`observe_cpu` accounts it."""
+        with self._lock:
+            times = self._times(nbytes)
+            if not (times.cpu_items and times.lane_items):
+                return False
+            cpu = times.cpu_seconds / times.cpu_items
+            lane = times.lane_seconds / times.lane_items
+            if cpu * (times.hybrid_running + 1) >= lane * (in_flight + 1):
+                return False
+            times.hybrid_running += 1
+            return True
 
 
 @dataclass
@@ -167,6 +212,7 @@ class _LaneItem:
         self.task: Task[Batch] = Task(partial(self._context.run, self._finish), helpable=False)
         self._lane: Lane | None = None
         self._started = 0.0
+        self._launch_seconds = 0.0  # of the lane thread, in begin()
         self._begin_error: BaseException | None = None
 
     def claim(self) -> bool:
@@ -195,6 +241,7 @@ class _LaneItem:
     def begin(self, lane: Lane) -> None:
         self._lane, self._started = lane, time.perf_counter()
         self._context.run(self._begin)
+        self._launch_seconds = time.perf_counter() - self._started
 
     def _begin(self) -> None:
         assert self._call is not None and self._lane is not None
@@ -210,6 +257,7 @@ class _LaneItem:
         self.task.run()
 
     def _finish(self) -> Batch:
+        landing = time.perf_counter()
         call, self._call = self._call, None
         assert call is not None and self._lane is not None
         try:
@@ -221,7 +269,7 @@ class _LaneItem:
             value = ItemFailure(self._origin, self._reader.label, error)
         finished = time.perf_counter()
         self._reader.observe_lane_item(self._nbytes, self._lane, self._origin, self._started,
-                                       finished)
+                                       finished, self._launch_seconds + finished - landing)
         return Batch([value], [self._origin], {0: value} if isinstance(value, ItemFailure)
                      else {})
 
@@ -244,12 +292,11 @@ class GpuMapReader(ItemwiseReader):
             else None
         options = getattr(wrapper, "gpu_options", None)
         self._hybrid_allowed = getattr(options, "force", None) is None
-        threshold = getattr(options, "threshold", None)
-        self._rating = HybridRating(runtime.config.offload_threshold if threshold is None
-                                    else threshold)
+        self._rating = HybridRating()
         assert runtime.gpu
         self._engine = runtime.gpu.transfers
         self._cpu_items = _CpuItems()
+        self._timed: Task[Batch] | None = None  # the latest item the adaptive model times
 
     def _fill(self) -> None:
         try:
@@ -261,6 +308,7 @@ class GpuMapReader(ItemwiseReader):
         if isinstance(item, ItemFailure):
             self._add_cpu(item, origin, 0)
             return
+        self._await_timed()
         lanes = self._lanes.devices[self._device] if self._device is not None \
             else self._lanes.least_loaded()
         try:
@@ -270,14 +318,18 @@ class GpuMapReader(ItemwiseReader):
             self._add_cpu(ItemFailure(origin, self.label, error), origin, 0)
             return
         nbytes, decision = call.host_bytes, call.decision
+        timed = decision.model == "adaptive" and decision.timed
         if decision.path == "cpu":
-            self._add_cpu(item, origin, nbytes, call if decision.model == "adaptive" else None)
+            flushed = self._add_cpu(item, origin, nbytes,
+                                    call if decision.model == "adaptive" else None)
+            if timed:
+                self._timed = flushed or self._flush_cpu()
             return
         assert decision.device is not None, decision
         lanes = self._lanes.devices.get(decision.device, lanes)  # an input's own device
         self._flush_cpu()
         if not lanes.admit(nbytes, decision.free_bytes, wait=False):
-            if self._hybrid_takes(call, lanes):
+            if not timed and self._hybrid_takes(call, lanes):
                 hybrid = _CpuItems()
                 hybrid.add(item, origin, nbytes)
                 self._push(self._scheduler.submit(Task(in_context(
@@ -293,6 +345,19 @@ class GpuMapReader(ItemwiseReader):
             raise
         lanes.enqueue(work, nbytes)
         self._push(work.task)
+        if timed:
+            self._timed = work.task
+
+    def _await_timed(self) -> None:
+        """Wait until the latest item the adaptive model is timing has run (and taught the
+        model its time); one still queued for a CPU worker runs here."""
+        task, self._timed = self._timed, None
+        if task is None:
+            return
+        try:
+            task.result()  # its own failure is the item's, delivered in order with the rest
+        except CancelledError:  # shut down: awaiting the item in order reports it
+            pass
 
     def _stage(self, call: LaneCall) -> Task[None] | None:
         """Start copying the call's mid-size inputs into pinned memory, if it has any."""
@@ -309,18 +374,25 @@ class GpuMapReader(ItemwiseReader):
         device arrays among its inputs, which the function as written would get as they are."""
         return (self._hybrid_allowed and forced_path.get() is None and not call.device_inputs
                 and self._scheduler.idle_workers() > 0
-                and self._rating.competitive(call.host_bytes, lanes))
+                and self._rating.take(call.host_bytes, lanes.in_flight))
 
-    def _add_cpu(self, item: Any, origin: int, nbytes: int, call: LaneCall | None = None) -> None:
+    def _add_cpu(self, item: Any, origin: int, nbytes: int, call: LaneCall | None = None
+                 ) -> Task[Batch] | None:
+        """Collect a CPU item; the task of its batch when that is full and submitted."""
         self._cpu_items.add(item, origin, nbytes, call)
         if len(self._cpu_items.items) >= self._chunks.size:
-            self._flush_cpu()
+            return self._flush_cpu()
+        return None
 
-    def _flush_cpu(self) -> None:
-        if self._cpu_items.items:
-            items, self._cpu_items = self._cpu_items, _CpuItems()
-            self._push(self._scheduler.submit(Task(in_context(
-                self._run_on_cpu, self._wrapper, "cpu", items))))
+    def _flush_cpu(self) -> Task[Batch] | None:
+        """Submit the CPU items collected so far as one task (None when there are none)."""
+        if not self._cpu_items.items:
+            return None
+        items, self._cpu_items = self._cpu_items, _CpuItems()
+        task = self._scheduler.submit(Task(in_context(self._run_on_cpu, self._wrapper, "cpu",
+                                                      items)))
+        self._push(task)
+        return task
 
     def _run_on_cpu(self, function: Callable[[Any], Any], path: str, work: _CpuItems) -> Batch:
         values: list[Any] = []
@@ -337,7 +409,7 @@ class GpuMapReader(ItemwiseReader):
             except Exception as error:
                 value = failures[position] = ItemFailure(origin, self.label, error)
             finished = time.perf_counter()
-            self._rating.observe("cpu", nbytes, finished - started)
+            self._rating.observe_cpu(nbytes, finished - started, hybrid=path == "hybrid")
             self._place(Placement(self.label, origin, path, started=started, finished=finished))
             values.append(value)
         if path == "cpu":  # hybrid items are GPU-sized: they would mis-size CPU batches
@@ -345,9 +417,10 @@ class GpuMapReader(ItemwiseReader):
         return Batch(values, work.origins, failures)
 
     def observe_lane_item(self, nbytes: int, lane: Lane, origin: int, started: float,
-                          finished: float) -> None:
-        """Account a GPU item a lane finished (rating and placement)."""
-        self._rating.observe("gpu", nbytes, finished - started)
+                          finished: float, lane_seconds: float) -> None:
+        """Account a GPU item a lane finished between ``started`` and ``finished``, having
+        spent ``lane_seconds`` of the lane thread on it (rating and placement)."""
+        self._rating.observe_lane(nbytes, lane_seconds)
         self._place(Placement(self.label, origin, "gpu", lane.device, lane.index, started,
                               finished))
 
