@@ -10,6 +10,7 @@ import gc
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -333,6 +334,55 @@ def test_a_loader_thread_that_cannot_start_leaves_copies_direct_and_nobody_waiti
         assert loader.calls() is None  # the copy goes direct instead of raising
     assert loader.wait() is None  # returns at once: nothing is loading
     assert load.started == 0
+
+
+def test_a_loader_says_whether_it_is_loading_or_was_within_a_span() -> None:
+    load = BlockingLoad(result=object())
+    loader = LoopLoader(load)  # type: ignore[arg-type]
+    assert not loader.loading_within(3600.0)  # not begun: nothing was sent direct for it
+    loader.start()
+    loader.start()  # once begun, begun
+    assert loader.loading_within() and loader.loading_within(3600.0)
+    load.release.set()
+    assert loader.wait(timeout=5) is not None and load.started == 1
+    assert not loader.loading_within()
+    assert loader.loading_within(3600.0)  # a time measured over the last hour overlaps it
+
+
+def test_gpu_times_measured_while_the_staging_loop_loads_are_not_learned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = veda.Config.builder().cost_model("adaptive").profile_path(
+        str(tmp_path / "p.json")).build()
+    runtime = veda.init(config, device_probe=FakeProbe())
+    assert runtime.gpu and runtime.gpu.transfers is not None and runtime.cost_model is not None
+    load = BlockingLoad()
+    runtime.gpu.transfers.loop = LoopLoader(load)  # type: ignore[arg-type]
+    runtime.gpu.transfers.loop.start()  # loading until released
+    learned: dict[int, list[str]] = {}  # host bytes -> paths learned
+    real_observe = runtime.cost_model.observe
+    monkeypatch.setattr(runtime.cost_model, "observe", lambda key, signature, nbytes, path, seconds:
+                        learned.setdefault(nbytes, []).append(path)
+                        or real_observe(key, signature, nbytes, path, seconds))
+
+    @veda.gpu
+    def total(x: np.ndarray) -> float:
+        return float(x.sum())
+
+    rng = np.random.default_rng(5)
+    staged = rng.random(runtime.gpu.transfers.tuning.pool_from // 8 + 1)  # through the loop
+    direct = rng.random(10**6)  # 8 MB: cupy.asarray whether or not the loop is loaded
+    try:
+        with pytest.warns(veda.OffloadWarning):  # gpu tries fail for real here (no driver)
+            for x in (staged, direct):
+                for _ in range(6):
+                    assert total(x) == pytest.approx(float(np.sum(x)))
+    finally:
+        load.release.set()
+    tries = runtime.telemetry.function(f"{__name__}.{total.__qualname__}").as_dict()
+    # The GPU was tried and timed for both sizes (the first try is warm-up), but only the
+    # arrays that never use the loop had their GPU times learned.
+    assert tries["fallback_calls"] >= 4
+    assert set(learned[staged.nbytes]) == {"cpu"} and "gpu" in learned[direct.nbytes]
 
 
 def test_without_numba_the_staging_loop_is_simply_absent(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable
@@ -160,8 +161,10 @@ class LoopLoader:
     """Loads the compiled staging loop (:mod:`vedart.gpu.staging_loop`) on a background thread,
     so that no transfer waits for it: on the lent H100 (2026-11-23) importing Numba and reading
     the loop from its cache took 0.84 s, and compiling it 2.2 s, against 2.5 ms for the 64 MB
-    copy it serves. Until it is loaded, and where it cannot be (no Numba, no CUDA driver
-    library), arrays that would be staged go direct instead. Thread-safe."""
+    copy it serves. A runtime with a GPU starts the loading when it is created
+    (:class:`vedart.gpu.context.GPUContext`); otherwise the first array that would be staged
+    starts it. Until it is loaded, and where it cannot be (no Numba, no CUDA driver library),
+    such arrays go direct instead. Thread-safe."""
 
     def __init__(self, load: Callable[[], DriverCalls | None]) -> None:
         self._load = load
@@ -169,33 +172,46 @@ class LoopLoader:
         self._loaded = threading.Event()
         self._thread: threading.Thread | None = None
         self._calls: DriverCalls | None = None
+        self._began: float | None = None  # time.perf_counter() when the loading began
+        self._ended: float | None = None  # and when it ended (loaded or given up)
 
     def calls(self) -> DriverCalls | None:
         """The loop's C calls once it is loaded; None before that (the first call starts the
         loading) or where it could not be loaded."""
         if self._loaded.is_set():
             return self._calls
-        self._start()
+        self.start()
         return None
 
     def wait(self, timeout: float | None = None) -> DriverCalls | None:
         """:meth:`calls`, after starting the loading if need be and waiting up to ``timeout``
         seconds (None: until it ends) for it. Benchmarks wait so that they time the loop."""
-        self._start()
+        self.start()
         self._loaded.wait(timeout)
         return self._calls if self._loaded.is_set() else None
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Begin loading on a background thread, unless begun already; returns at once."""
         with self._lock:
             if self._thread is not None:
                 return
+            self._began = time.perf_counter()
             self._thread = threading.Thread(target=self._run, name="vedart-loop-loader",
                                             daemon=True)
             try:
                 self._thread.start()
             except RuntimeError as error:  # no thread to be had (a process limit, exiting)
                 _warn_not_loaded(error)
-                self._loaded.set()
+                self._finish()
+
+    def loading_within(self, seconds: float = 0.0) -> bool:
+        """Whether the loop is loading now, or was at any moment of the last ``seconds``
+        seconds: a GPU call timed over that span may have sent large arrays direct, at a third
+        of the loop's speed or less, so its time is not what the GPU path costs."""
+        began, ended = self._began, self._ended
+        if began is None:
+            return False
+        return ended is None or time.perf_counter() - ended < seconds
 
     def _run(self) -> None:
         try:
@@ -203,7 +219,11 @@ class LoopLoader:
         except Exception as error:
             _warn_not_loaded(error)
         finally:
-            self._loaded.set()
+            self._finish()
+
+    def _finish(self) -> None:
+        self._ended = time.perf_counter()
+        self._loaded.set()
 
 
 def _warn_not_loaded(error: BaseException) -> None:
@@ -488,6 +508,17 @@ def to_device(array: np.ndarray) -> Any:
     import cupy
 
     return cupy.asarray(native_byte_order(array))
+
+
+def staging_loop_loading(host_bytes: int, within_s: float) -> bool:
+    """Whether a GPU call that moved ``host_bytes`` bytes of host arrays to the device, timed
+    over the last ``within_s`` seconds, may have copied one of them direct because the current
+    runtime's staging loop was loading (:meth:`LoopLoader.loading_within`; calls below the
+    staging cutoff never use the loop). Such a time is no measure of the GPU path: the adaptive
+    model does not learn it. False when no runtime manages a GPU."""
+    engine = _engine()
+    return (engine is not None and host_bytes >= engine.tuning.pool_from
+            and engine.loop.loading_within(within_s))
 
 
 def upload(value: Staged | np.ndarray) -> Any:
