@@ -385,6 +385,69 @@ def test_gpu_times_measured_while_the_staging_loop_loads_are_not_learned(
     assert set(learned[staged.nbytes]) == {"cpu"} and "gpu" in learned[direct.nbytes]
 
 
+class HeldRing:
+    """A staging ring stand-in that is being made until ``release`` is set."""
+
+    def __init__(self, made: list[HeldRing], release: threading.Event, device: int) -> None:
+        self.device, self.events, self.released = device, [], False
+        self.crew = self  # its crew: nothing under way to cancel
+        made.append(self)
+        assert release.wait(10)
+
+    def cancel(self) -> None:
+        pass
+
+    def release_to(self, pinned: PinnedPool) -> None:
+        self.released = True
+
+
+@pytest.mark.parametrize("close_first", [False, True])
+def test_a_copy_takes_the_ring_made_ahead_and_a_closed_engine_releases_it(
+        monkeypatch: pytest.MonkeyPatch, close_first: bool) -> None:
+    made: list[HeldRing] = []
+    release = threading.Event()
+    monkeypatch.setattr(transfer, "StagingRing", lambda pinned, device, tuning, driver:
+                        HeldRing(made, release, device))
+    driver = object()
+    engine = TransferEngine(2**30, loop=LoopLoader(lambda: driver))  # type: ignore[arg-type]
+    engine.prepare(3)
+    engine.prepare(3)  # one ring per device is made ahead
+    if close_first:
+        engine.close()
+        release.set()
+        engine.wait_prepared(timeout=10)
+        assert len(made) <= 1 and all(ring.released for ring in made)
+        return
+    taken: list[object] = []
+    copy = threading.Thread(
+        target=lambda: taken.append(engine._take_ring(3, driver)))  # type: ignore[arg-type]
+    copy.start()  # it waits for the ring being made
+    release.set()
+    copy.join(10)
+    assert len(made) == 1 and taken == made and not made[0].released
+    engine.wait_prepared(timeout=10)
+    assert not engine._idle_rings[3]  # taken, not kept idle beside a second one
+
+
+def test_a_ring_that_cannot_be_made_ahead_warns_and_leaves_it_to_the_first_copy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def cannot(*args: object) -> None:
+        raise OSError("no pinned memory")
+
+    monkeypatch.setattr(transfer, "StagingRing", cannot)
+    engine = TransferEngine(2**30, loop=LoopLoader(object))  # type: ignore[arg-type]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.prepare(0)
+        engine.wait_prepared(timeout=10)
+    assert [str(w.message) for w in caught] == [
+        "vedart: no staging ring made ahead (OSError('no pinned memory')); the first large "
+        "host-to-device copy makes one"]
+    with pytest.raises(OSError, match="no pinned memory"):  # the copy tries again itself
+        engine._take_ring(0, object())  # type: ignore[arg-type]
+    engine.close()
+
+
 def test_without_numba_the_staging_loop_is_simply_absent(monkeypatch: pytest.MonkeyPatch) -> None:
     from vedart.gpu import staging_loop  # imported before: the harder case
 

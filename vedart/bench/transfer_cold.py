@@ -12,8 +12,10 @@ upload, a 16-byte download and nothing else. vedart and CuPy runs alternate, eac
 every other round; the rows give medians.
 
 Target (issue: decisions that see the work): vedart >= 1.0x ``cupy.asarray`` at 64 MB and
-256 MB. The parent process loads the staging loop once first, so that its compiled code is
-in Numba's on-disk cache, as it is for every process on a machine but the very first.
+256 MB. What makes it reachable: ``init`` starts loading the compiled staging loop and then
+makes a staging ring in the background (:meth:`vedart.gpu.transfer.TransferEngine.prepare`).
+The parent process loads the loop once first, so that its compiled code is in Numba's
+on-disk cache, as it is for every process on a machine but the very first.
 """
 
 from __future__ import annotations

@@ -44,12 +44,13 @@ import numpy as np
 
 from vedart import lifecycle
 from vedart.gpu.pinned import PinnedPool
-from vedart.tasks import Task, TaskThreads
+from vedart.tasks import Task, TaskThreads, at_thread_exit
 
 if TYPE_CHECKING:
     from vedart.gpu.staging_loop import DriverCalls
 
 MIB = 2**20
+RING_MADE_WITHIN_S = 5.0  # how long a copy waits for the ring prepare() is making (26-56 ms)
 HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable (CuPy names no constant for it)
 T = TypeVar("T")
 
@@ -245,6 +246,30 @@ def _load_staging_loop() -> DriverCalls | None:
 STAGING_LOOP = LoopLoader(_load_staging_loop)  # one per process: what it loads is process-wide
 
 
+class _RingMaking:
+    """Rings made ahead (:meth:`TransferEngine.prepare`) are made one at a time, and none once
+    the interpreter exits: exit waits (up to ``RING_MADE_WITHIN_S``) for the one being made, so
+    that no thread is inside CUDA calls while CUDA shuts down."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.exiting = False
+        at_thread_exit(self._exit)
+        # A child forked while a ring was being made would find the lock taken for good.
+        os.register_at_fork(after_in_child=self._unlock)
+
+    def _unlock(self) -> None:
+        self.lock = threading.Lock()
+
+    def _exit(self) -> None:
+        self.exiting = True  # makers read it holding the lock: wait for the one that holds it
+        if self.lock.acquire(timeout=RING_MADE_WITHIN_S):
+            self.lock.release()
+
+
+RING_MAKING = _RingMaking()
+
+
 def _closed_error() -> RuntimeError:
     return RuntimeError("the transfer engine is closed (its runtime shut down)")
 
@@ -262,6 +287,7 @@ class TransferEngine:
         self._staging_threads: TaskThreads | None = None
         self._closed = False
         self._registered: list[tuple[int, int]] = []  # [start, end) of register_host ranges
+        self._preparing: dict[int, threading.Event] = {}  # device -> set once its ring is made
 
     def _fill_pool(self) -> TaskThreads:
         """The staging threads (started on first use); RuntimeError once closed."""
@@ -273,23 +299,84 @@ class TransferEngine:
                                                     finish_at_exit=True)
             return self._staging_threads
 
-    def _take_ring(self, device: int, driver: DriverCalls) -> StagingRing | None:
-        """An idle ring of ``device``, or a new one; None when the pinned limit or the crew's
-        threads leave none to be had. RuntimeError once the engine is closed."""
-        from vedart.gpu.staging_loop import CrewUnavailable
+    def prepare(self, device: int) -> None:
+        """Make ready, on a background thread, what the first copy of a large array to
+        ``device`` needs: start loading the compiled loop and, once it is loaded, make a
+        staging ring for ``device`` and keep it idle. A new ring's pinned slots and crew took
+        26-56 ms on the H100, more than :meth:`to_device` takes to send 64 MB through it. A
+        copy that needs a ring of ``device`` while it is being made waits for it rather than
+        make a second. Returns at once; :meth:`wait_prepared` waits."""
+        self.loop.start()
+        with self._lock:
+            if self._closed or device in self._preparing:
+                return
+            made = self._preparing[device] = threading.Event()
+        maker = threading.Thread(target=self._prepare_ring, args=(device, made),
+                                 name="vedart-ring-maker", daemon=True)
+        try:
+            maker.start()
+        except RuntimeError:  # no thread to be had: the first large copy makes its ring
+            self._prepared(device, made)
 
+    def _prepare_ring(self, device: int, made: threading.Event) -> None:
+        try:
+            driver = self.loop.wait()
+            with RING_MAKING.lock:
+                if driver is None or self._closed or RING_MAKING.exiting:
+                    return
+                ring = self._new_ring(device, driver)
+            if ring is not None:
+                self._return_ring(ring)
+        except Exception as error:  # nothing is lost: the first large copy makes its own
+            if not self._closed:
+                warnings.warn(f"vedart: no staging ring made ahead ({error!r}); the first "
+                              "large host-to-device copy makes one", RuntimeWarning,
+                              stacklevel=1)
+        finally:
+            self._prepared(device, made)
+
+    def _prepared(self, device: int, made: threading.Event) -> None:
+        with self._lock:
+            self._preparing.pop(device, None)
+        made.set()
+
+    def wait_prepared(self, timeout: float | None = None) -> None:
+        """Wait until the rings :meth:`prepare` began are made (up to ``timeout`` seconds for
+        each; None: however long it takes)."""
+        with self._lock:
+            pending = list(self._preparing.values())
+        for made in pending:
+            made.wait(timeout)
+
+    def _take_ring(self, device: int, driver: DriverCalls) -> StagingRing | None:
+        """An idle ring of ``device`` (the one :meth:`prepare` is making, once made), or a new
+        one; None when the pinned limit or the crew's threads leave none to be had.
+        RuntimeError once the engine is closed."""
+        with self._lock:
+            if self._closed:
+                raise _closed_error()
+            being_made = self._preparing.get(device)
+        if being_made is not None:
+            being_made.wait(RING_MADE_WITHIN_S)
         with self._lock:
             if self._closed:
                 raise _closed_error()
             if self._idle_rings[device]:
                 return self._idle_rings[device].pop()
+        return self._new_ring(device, driver)
+
+    def _new_ring(self, device: int, driver: DriverCalls) -> StagingRing | None:
+        """A new ring of ``device``; None when the pinned limit or the crew's threads leave none
+        to be had."""
+        from vedart.gpu.staging_loop import CrewUnavailable
+
         try:
             return StagingRing(self.pinned, device, self.tuning, driver)
         except MemoryError:  # the pinned limit
             return None
         except CrewUnavailable as error:
             warnings.warn(f"vedart: no staging crew ({error}); large host-to-device copies use "
-                          "cupy.asarray", RuntimeWarning, stacklevel=3)
+                          "cupy.asarray", RuntimeWarning, stacklevel=4)
             return None
 
     def _return_ring(self, ring: StagingRing) -> None:
@@ -474,8 +561,9 @@ class TransferEngine:
     def close(self) -> None:
         """Stop the staging threads and the idle rings' crews, and free pinned memory not held
         by result arrays (those free theirs when they go); a transfer still running releases
-        its ring when it ends. Later transfers of arrays the ring would take raise
-        RuntimeError, and later results are pageable."""
+        its ring when it ends, and so does a ring :meth:`prepare` is making, once made. Later
+        transfers of arrays the ring would take raise RuntimeError, and later results are
+        pageable."""
         with self._lock:
             threads, self._staging_threads, self._closed = self._staging_threads, None, True
         if threads is not None:
