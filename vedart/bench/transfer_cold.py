@@ -59,7 +59,8 @@ def _fresh_arrays() -> dict[int, np.ndarray]:
 def measure(side: str) -> dict[str, Any]:
     """One fresh process's timings (run in a child process by :func:`run`): GB/s of the first
     transfer of each of ``SIZES_MB`` by ``side`` ("vedart" or "cupy"), and for vedart whether
-    its staging loop was loaded by then. ``{"error": ...}`` when no GPU is usable."""
+    its staging loop was loaded and its staging ring made by then. ``{"error": ...}`` when no
+    GPU is usable."""
     arrays = _fresh_arrays()
     began = time.perf_counter()
     if side == "vedart":
@@ -80,6 +81,7 @@ def measure(side: str) -> dict[str, Any]:
     result: dict[str, Any] = {"side": side, "after_init_s": time.perf_counter() - began}
     if side == "vedart":
         result["loop_ready"] = engine.loop.calls() is not None
+        result["ring_ready"] = engine.stats()["pinned_used_mb"] > 0  # nothing else is pinned
     for size in SIZES_MB:
         x = arrays[size]
         started = time.perf_counter()
@@ -141,6 +143,7 @@ def run(quick: bool) -> dict[str, Any]:
                      "meets_target": ratio >= 1.0})
     result.update(device_name=discovery.devices[0].name, rows=rows, runs=runs,
                   loop_ready_runs=sum(bool(r.get("loop_ready")) for r in runs),
+                  ring_ready_runs=sum(bool(r.get("ring_ready")) for r in runs),
                   vedart_runs=rounds)
     return result
 
@@ -155,7 +158,8 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"{row['size_mb']:>5} | {row['vedart_gbps']:>14.2f} {row['cupy_gbps']:>17.2f} "
                      f"{row['x_cupy']:>7.2f} | {'ok' if row['meets_target'] else 'MISSED'} "
                      "(>= 1.0x)")
-    lines.append(f"staging loop loaded at the first transfer in {result['loop_ready_runs']} of "
-                 f"{result['vedart_runs']} vedart processes"
-                 f"{'' if result['loop_cached'] else ' (it could not be loaded here)'}")
+    lines.append(f"at the first transfer, of {result['vedart_runs']} vedart processes: staging "
+                 f"loop loaded in {result['loop_ready_runs']}, staging ring made in "
+                 f"{result['ring_ready_runs']}"
+                 f"{'' if result['loop_cached'] else ' (the loop cannot be loaded here)'}")
     return "\n".join(lines)
