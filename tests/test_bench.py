@@ -121,6 +121,9 @@ def test_cold_transfer_bench_alternates_fresh_processes_and_reports_medians(
     assert result["loop_ready_runs"] == 2 and result["ring_ready_runs"] == 1
     assert result["vedart_runs"] == 3
     assert not result["loop_cached"]
+    monkeypatch.setattr(transfer_cold, "_child", lambda side: {"error": "no GPU: disabled"})
+    with pytest.raises(RuntimeError, match="bench transfer --cold: no GPU: disabled"):
+        transfer_cold.run(quick=True)
     text = transfer_cold.format_table(result)
     assert "   64 |          25.00              5.00    5.00 | ok (>= 1.0x)" in text
     assert text.endswith("at the first transfer, of 3 vedart processes: staging loop loaded "
