@@ -9,10 +9,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from fakes import FakeProbe
 
 import vedart as veda
 from vedart import calibrate
-from vedart.bench import ops, overhead
+from vedart.bench import ops, overhead, transfer_cold
 from vedart.bench.harness import interleaved_medians, interleaved_samples, round_orders
 from vedart.bench.transfer import _targets_met
 from vedart.cli import main
@@ -72,12 +73,65 @@ def test_overhead_suite_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (["bench", "overhead", "--sweep"], "--sweep applies to the transfer suite only"),
     (["bench", "transfer", "--plot", "x.png"], "--plot applies to the ops suite only"),
     (["bench", "nope"], "invalid choice: 'nope'"),
+    (["bench", "ops", "--cold"], "--cold applies to the transfer suite only"),
+    (["bench", "transfer", "--cold", "--sweep"], "--sweep times warm transfers: not with --cold"),
 ])
 def test_bench_usage_errors(args: list[str], message: str,
                             capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
         main(args)
     assert caught.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cold_transfer_bench_without_a_gpu_says_why_and_starts_no_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(transfer_cold, "CudaProbe", lambda: FakeProbe(reason="no CUDA devices"))
+    monkeypatch.setattr(transfer_cold, "_child", lambda side: pytest.fail("started a process"))
+    assert main(["bench", "transfer", "--cold", "--quick", "--json",
+                 str(tmp_path / "cold.json")]) == 0
+    data = json.loads((tmp_path / "cold.json").read_text())
+    assert data["suite"] == "transfer --cold" and data["sizes_mb"] == [64, 256]
+    assert data["note"] == "no GPU (no CUDA devices): nothing to time"
+    assert data["environment"]["device"] == "no GPU"
+    out = capsys.readouterr().out
+    assert "vedart bench transfer --cold |" in out and data["note"] in out
+
+
+def test_cold_transfer_bench_alternates_fresh_processes_and_reports_medians(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vedart.gpu import transfer
+
+    started: list[str] = []
+    speeds = {"vedart": iter([20.0, 30.0, 25.0]), "cupy": iter([5.0, 4.0, 10.0])}
+
+    def child(side: str) -> dict[str, object]:
+        started.append(side)
+        gbps = next(speeds[side])
+        return {"side": side, "gbps_64": gbps, "gbps_256": gbps / 5,
+                **({"loop_ready": gbps > 20, "ring_ready": gbps > 25} if side == "vedart"
+                   else {})}
+
+    monkeypatch.setattr(transfer_cold, "CudaProbe", FakeProbe)
+    monkeypatch.setattr(transfer, "STAGING_LOOP", transfer.LoopLoader(lambda: None))
+    monkeypatch.setattr(transfer_cold, "_child", child)
+    result = transfer_cold.run(quick=True)
+    assert started == ["vedart", "cupy", "cupy", "vedart", "vedart", "cupy"]
+    assert result["rows"] == [
+        {"size_mb": 64, "vedart_gbps": 25.0, "cupy_gbps": 5.0, "x_cupy": 5.0,
+         "meets_target": True},
+        {"size_mb": 256, "vedart_gbps": 5.0, "cupy_gbps": 1.0, "x_cupy": 5.0,
+         "meets_target": True}]
+    assert result["loop_ready_runs"] == 2 and result["ring_ready_runs"] == 1
+    assert result["vedart_runs"] == 3
+    assert not result["loop_cached"]
+    monkeypatch.setattr(transfer_cold, "_child", lambda side: {"error": "no GPU: disabled"})
+    with pytest.raises(RuntimeError, match="bench transfer --cold: no GPU: disabled"):
+        transfer_cold.run(quick=True)
+    text = transfer_cold.format_table(result)
+    assert "   64 |          25.00              5.00    5.00 | ok (>= 1.0x)" in text
+    assert text.endswith("at the first transfer, of 3 vedart processes: staging loop loaded "
+                         "in 2, staging ring made in 1 (the loop cannot be loaded here)")
 
 
 def test_calibrate_on_cpu_writes_the_profile(tmp_path: Path) -> None:

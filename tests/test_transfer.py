@@ -10,6 +10,7 @@ import gc
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -333,6 +334,118 @@ def test_a_loader_thread_that_cannot_start_leaves_copies_direct_and_nobody_waiti
         assert loader.calls() is None  # the copy goes direct instead of raising
     assert loader.wait() is None  # returns at once: nothing is loading
     assert load.started == 0
+
+
+def test_a_loader_says_whether_it_is_loading_or_was_within_a_span() -> None:
+    load = BlockingLoad(result=object())
+    loader = LoopLoader(load)  # type: ignore[arg-type]
+    assert not loader.loading_within(3600.0)  # not begun: nothing was sent direct for it
+    loader.start()
+    loader.start()  # once begun, begun
+    assert loader.loading_within() and loader.loading_within(3600.0)
+    load.release.set()
+    assert loader.wait(timeout=5) is not None and load.started == 1
+    assert not loader.loading_within()
+    assert loader.loading_within(3600.0)  # a time measured over the last hour overlaps it
+
+
+def test_gpu_times_measured_while_the_staging_loop_loads_are_not_learned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = veda.Config.builder().cost_model("adaptive").profile_path(
+        str(tmp_path / "p.json")).build()
+    runtime = veda.init(config, device_probe=FakeProbe())
+    assert runtime.gpu and runtime.gpu.transfers is not None and runtime.cost_model is not None
+    load = BlockingLoad()
+    runtime.gpu.transfers.loop = LoopLoader(load)  # type: ignore[arg-type]
+    runtime.gpu.transfers.loop.start()  # loading until released
+    learned: dict[int, list[str]] = {}  # host bytes -> paths learned
+    real_observe = runtime.cost_model.observe
+    monkeypatch.setattr(runtime.cost_model, "observe", lambda key, signature, nbytes, path, seconds:
+                        learned.setdefault(nbytes, []).append(path)
+                        or real_observe(key, signature, nbytes, path, seconds))
+
+    @veda.gpu
+    def total(x: np.ndarray) -> float:
+        return float(x.sum())
+
+    rng = np.random.default_rng(5)
+    staged = rng.random(runtime.gpu.transfers.tuning.pool_from // 8 + 1)  # through the loop
+    direct = rng.random(10**6)  # 8 MB: cupy.asarray whether or not the loop is loaded
+    try:
+        with pytest.warns(veda.OffloadWarning):  # gpu tries fail for real here (no driver)
+            for x in (staged, direct):
+                for _ in range(6):
+                    assert total(x) == pytest.approx(float(np.sum(x)))
+    finally:
+        load.release.set()
+    tries = runtime.telemetry.function(f"{__name__}.{total.__qualname__}").as_dict()
+    # The GPU was tried and timed for both sizes (the first try is warm-up), but only the
+    # arrays that never use the loop had their GPU times learned.
+    assert tries["fallback_calls"] >= 4
+    assert set(learned[staged.nbytes]) == {"cpu"} and "gpu" in learned[direct.nbytes]
+
+
+class HeldRing:
+    """A staging ring stand-in that is being made until ``release`` is set."""
+
+    def __init__(self, made: list[HeldRing], release: threading.Event, device: int) -> None:
+        self.device, self.events, self.released = device, [], False
+        self.crew = self  # its crew: nothing under way to cancel
+        made.append(self)
+        assert release.wait(10)
+
+    def cancel(self) -> None:
+        pass
+
+    def release_to(self, pinned: PinnedPool) -> None:
+        self.released = True
+
+
+@pytest.mark.parametrize("close_first", [False, True])
+def test_a_copy_takes_the_ring_made_ahead_and_a_closed_engine_releases_it(
+        monkeypatch: pytest.MonkeyPatch, close_first: bool) -> None:
+    made: list[HeldRing] = []
+    release = threading.Event()
+    monkeypatch.setattr(transfer, "StagingRing", lambda pinned, device, tuning, driver:
+                        HeldRing(made, release, device))
+    driver = object()
+    engine = TransferEngine(2**30, loop=LoopLoader(lambda: driver))  # type: ignore[arg-type]
+    engine.prepare(3)
+    engine.prepare(3)  # one ring per device is made ahead
+    if close_first:
+        engine.close()
+        release.set()
+        engine.wait_prepared(timeout=10)
+        assert len(made) <= 1 and all(ring.released for ring in made)
+        return
+    taken: list[object] = []
+    copy = threading.Thread(
+        target=lambda: taken.append(engine._take_ring(3, driver)))  # type: ignore[arg-type]
+    copy.start()  # it waits for the ring being made
+    release.set()
+    copy.join(10)
+    assert len(made) == 1 and taken == made and not made[0].released
+    engine.wait_prepared(timeout=10)
+    assert not engine._idle_rings[3]  # taken, not kept idle beside a second one
+
+
+def test_a_ring_that_cannot_be_made_ahead_warns_and_leaves_it_to_the_first_copy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def cannot(*args: object) -> None:
+        raise OSError("no pinned memory")
+
+    monkeypatch.setattr(transfer, "StagingRing", cannot)
+    engine = TransferEngine(2**30, loop=LoopLoader(object))  # type: ignore[arg-type]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.prepare(0)
+        engine.wait_prepared(timeout=10)
+    assert [str(w.message) for w in caught] == [
+        "vedart: no staging ring made ahead (OSError('no pinned memory')); the first large "
+        "host-to-device copy makes one"]
+    with pytest.raises(OSError, match="no pinned memory"):  # the copy tries again itself
+        engine._take_ring(0, object())  # type: ignore[arg-type]
+    engine.close()
 
 
 def test_without_numba_the_staging_loop_is_simply_absent(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,10 +2,10 @@
 # Every GPU-side check in one call, for the lent GPU machine:
 #   installs carried wheels (.whl/, see ../shared/device/README.md) if present,
 #   records nvidia-smi and `vedart info`, runs `vedart demo` and `pytest -m gpu -v`, then the
-#   quick benchmarks.
+#   quick benchmarks, and the cold-start transfers (bench transfer --cold).
 # Logs and JSON go under $OUT (default ./gpu-check-out); with LOGS set to another folder they go
 # there and $OUT gets one archive of them, gpu-check.tar.gz (the lent machine's tool brings back
-# at most 8 files, and the check writes 18). Extra arguments go to pytest.
+# at most 8 files, and the check writes 20). Extra arguments go to pytest.
 # Exit status: non-zero if any step failed (every step still runs).
 set -u
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -31,6 +31,8 @@ step pytest-gpu python3 -m pytest -m gpu -v -p no:cacheprovider --junitxml="$LOG
 for bench in $(python3 -c "from vedart.cli import QUICK_BENCHMARKS as b; print(*b)" 2>/dev/null); do
   step "bench-$bench" python3 -m vedart bench "$bench" --quick --json "$LOGS/bench-$bench.json"
 done
+step bench-transfer-cold python3 -m vedart bench transfer --cold --quick \
+  --json "$LOGS/bench-transfer-cold.json"
 if [ "$(realpath "$LOGS")" != "$(realpath "$OUT")" ]; then
   tar -czf "$OUT/gpu-check.tar.gz" -C "$LOGS" . || failed=1
 fi

@@ -127,12 +127,14 @@ def _info(arguments: argparse.Namespace) -> int:
 def _bench(arguments: argparse.Namespace) -> int:
     from vedart.bench.harness import environment, write_json
 
-    suite = importlib.import_module(f"vedart.bench.{arguments.suite}")
+    suite = importlib.import_module("vedart.bench.transfer_cold" if arguments.cold
+                                    else f"vedart.bench.{arguments.suite}")
     options = {"sweep": True} if arguments.sweep else {}
     result = suite.run(quick=arguments.quick, **options)
     result["environment"] = environment(result.get("device_name"))
     header = result["environment"]
-    print(f"vedart bench {arguments.suite} | {header['date']} | {header['device']} | "
+    print(f"vedart bench {arguments.suite}{' --cold' if arguments.cold else ''} | "
+          f"{header['date']} | {header['device']} | "
           f"{header['cpu_count']} CPUs | vedart {header['vedart']}")
     print(suite.format_table(result))
     write_json(arguments.json, result)
@@ -172,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bench.add_argument("--sweep", action="store_true",
                        help="transfer suite: also sweep piece size, slots and workers")
+    bench.add_argument("--cold", action="store_true",
+                       help="transfer suite: the first transfers of fresh processes instead")
     bench.add_argument("--plot", metavar="FILE.png",
                        help="ops suite: draw crossover curves (needs matplotlib)")
     bench.set_defaults(handler=_bench)
@@ -187,6 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     if getattr(arguments, "sweep", False) and arguments.suite != "transfer":
         parser.error("--sweep applies to the transfer suite only")
+    if getattr(arguments, "cold", False) and arguments.suite != "transfer":
+        parser.error("--cold applies to the transfer suite only")
+    if getattr(arguments, "cold", False) and arguments.sweep:
+        parser.error("--sweep times warm transfers: not with --cold")
     if getattr(arguments, "plot", None) and arguments.suite != "ops":
         parser.error("--plot applies to the ops suite only")
     try:

@@ -138,7 +138,7 @@ class TaskThreads:
         for thread in self._threads:
             thread.start()
         if finish_at_exit:
-            _at_thread_exit(self._finish)
+            at_thread_exit(self._finish)
 
     def _finish(self) -> None:
         self.close(cancel_queued=False)
@@ -203,7 +203,7 @@ def drain(source: queue.SimpleQueue[T]) -> list[T]:
             return taken
 
 
-def _at_thread_exit(callback: Callable[[], None]) -> None:
+def at_thread_exit(callback: Callable[[], None]) -> None:
     """Call ``callback`` at interpreter exit before ``atexit`` handlers: through the hook
     ``concurrent.futures`` uses (CPython 3.9+), else as an ``atexit`` handler."""
     register = getattr(threading, "_register_atexit", None)

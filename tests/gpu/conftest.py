@@ -11,5 +11,8 @@ def gpu_runtime() -> veda.Runtime:
     test knows where each call runs (the adaptive default has test_adaptive_gpu.py; tests that
     need another configuration call ``veda.init`` themselves)."""
     runtime = veda.init(veda.Config.builder().gpu(True).cost_model("static").build())
-    assert runtime.gpu, runtime.gpu and runtime.gpu.unavailable_reason
+    assert runtime.gpu and runtime.gpu.transfers, runtime.gpu and runtime.gpu.unavailable_reason
+    # The staging ring the runtime makes ahead in the background is made before the test, so
+    # that no test counts threads or pinned memory while it is being made.
+    runtime.gpu.transfers.wait_prepared(300.0)
     return runtime

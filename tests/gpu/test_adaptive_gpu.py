@@ -70,7 +70,7 @@ def test_settles_on_the_measurably_faster_path(adaptive_runtime: veda.Runtime, c
 
 def test_profile_survives_a_new_runtime() -> None:
     config = veda.Config.builder().build()
-    veda.init(config)
+    wait_for_staging_loop(veda.init(config))  # GPU times are learned once it is loaded
     spectrum = veda.gpu(lambda x: np.fft.fft(x))
     x = np.random.default_rng().random(16 * 2**20).astype(np.float32)
     settle(spectrum, x)

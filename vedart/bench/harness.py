@@ -22,10 +22,12 @@ if TYPE_CHECKING:
 
 def wait_for_staging_loop(runtime: Runtime) -> None:
     """Wait, up to five minutes, until ``runtime``'s transfer engine has loaded its compiled
-    staging loop, so that copies from 16 MiB are timed through it and not as the direct copies
-    made while it loads (nothing to wait for without a GPU)."""
+    staging loop and made the staging ring it makes ahead, so that copies from 16 MiB are timed
+    through them and not as the direct copies made while the loop loads (nothing to wait for
+    without a GPU)."""
     if runtime.gpu and runtime.gpu.transfers is not None:
         runtime.gpu.transfers.loop.wait(300.0)
+        runtime.gpu.transfers.wait_prepared(300.0)
 
 
 def median_seconds(run: Callable[[], Any], *, repeats: int, warmup: int = 1,

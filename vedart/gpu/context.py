@@ -48,6 +48,12 @@ class GPUContext:
         self._free_readings: dict[int, tuple[int, float]] = {}  # ordinal -> (bytes, when)
         if self.is_available():
             self.transfers = TransferEngine(config.pinned_memory_limit)
+            # Loading the compiled staging loop and making a staging ring now, in the
+            # background, lets the first large transfer use them rather than copy direct at a
+            # third of the speed or less, or wait for pinned slots. Devices injected through a
+            # probe (tests) may have no driver behind them: nothing is made for those.
+            if probe is None:
+                self.transfers.prepare(self.ordinals[0])
             self.memory = DeviceMemory(list(self.ordinals),
                                        config.gpu_memory_fraction)
 

@@ -8,10 +8,10 @@ and ``.get()`` at 3-11 GB/s, while pinned memory reaches 54 GB/s both ways. So:
   own pinned slots (with non-temporal stores below ``Tuning.nontemporal_below``) and queue the
   copies from those slots to the device, in a compiled loop that runs without the interpreter
   lock (:mod:`vedart.gpu.staging_loop`). Each slot has a CUDA event, and a slot is refilled
-  only after the copy out of it has completed. The loop is loaded in the background on first
-  use (:class:`LoopLoader`); until then such arrays go direct. Smaller arrays go direct
-  (``cupy.asarray``): from 1.5 to 12 MB, staging them through a ring on the calling thread
-  measured 0.95-1.05x its speed on the H100.
+  only after the copy out of it has completed. The loop is loaded in the background from the
+  creation of a runtime with a GPU, or else from first use (:class:`LoopLoader`); until then
+  such arrays go direct. Smaller arrays go direct (``cupy.asarray``): from 1.5 to 12 MB,
+  staging them through a ring on the calling thread measured 0.95-1.05x its speed on the H100.
 - host -> device, staged ahead: :meth:`TransferEngine.stage` copies a mid-size array (from
   ``Tuning.stage_from`` up to ``Tuning.pool_from``) into pooled pinned memory on one of the
   staging threads, ahead of time, and :meth:`TransferEngine.upload` later sends it to the
@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable
@@ -43,12 +44,13 @@ import numpy as np
 
 from vedart import lifecycle
 from vedart.gpu.pinned import PinnedPool
-from vedart.tasks import Task, TaskThreads
+from vedart.tasks import Task, TaskThreads, at_thread_exit
 
 if TYPE_CHECKING:
     from vedart.gpu.staging_loop import DriverCalls
 
 MIB = 2**20
+RING_MADE_WITHIN_S = 5.0  # how long a copy waits for the ring prepare() is making (26-56 ms)
 HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable (CuPy names no constant for it)
 T = TypeVar("T")
 
@@ -160,8 +162,10 @@ class LoopLoader:
     """Loads the compiled staging loop (:mod:`vedart.gpu.staging_loop`) on a background thread,
     so that no transfer waits for it: on the lent H100 (2026-11-23) importing Numba and reading
     the loop from its cache took 0.84 s, and compiling it 2.2 s, against 2.5 ms for the 64 MB
-    copy it serves. Until it is loaded, and where it cannot be (no Numba, no CUDA driver
-    library), arrays that would be staged go direct instead. Thread-safe."""
+    copy it serves. A runtime with a GPU starts the loading when it is created
+    (:class:`vedart.gpu.context.GPUContext`); otherwise the first array that would be staged
+    starts it. Until it is loaded, and where it cannot be (no Numba, no CUDA driver library),
+    such arrays go direct instead. Thread-safe."""
 
     def __init__(self, load: Callable[[], DriverCalls | None]) -> None:
         self._load = load
@@ -169,33 +173,46 @@ class LoopLoader:
         self._loaded = threading.Event()
         self._thread: threading.Thread | None = None
         self._calls: DriverCalls | None = None
+        self._began: float | None = None  # time.perf_counter() when the loading began
+        self._ended: float | None = None  # and when it ended (loaded or given up)
 
     def calls(self) -> DriverCalls | None:
         """The loop's C calls once it is loaded; None before that (the first call starts the
         loading) or where it could not be loaded."""
         if self._loaded.is_set():
             return self._calls
-        self._start()
+        self.start()
         return None
 
     def wait(self, timeout: float | None = None) -> DriverCalls | None:
         """:meth:`calls`, after starting the loading if need be and waiting up to ``timeout``
         seconds (None: until it ends) for it. Benchmarks wait so that they time the loop."""
-        self._start()
+        self.start()
         self._loaded.wait(timeout)
         return self._calls if self._loaded.is_set() else None
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Begin loading on a background thread, unless begun already; returns at once."""
         with self._lock:
             if self._thread is not None:
                 return
+            self._began = time.perf_counter()
             self._thread = threading.Thread(target=self._run, name="vedart-loop-loader",
                                             daemon=True)
             try:
                 self._thread.start()
             except RuntimeError as error:  # no thread to be had (a process limit, exiting)
                 _warn_not_loaded(error)
-                self._loaded.set()
+                self._finish()
+
+    def loading_within(self, seconds: float = 0.0) -> bool:
+        """Whether the loop is loading now, or was at any moment of the last ``seconds``
+        seconds: a GPU call timed over that span may have sent large arrays direct, at a third
+        of the loop's speed or less, so its time is not what the GPU path costs."""
+        began, ended = self._began, self._ended
+        if began is None:
+            return False
+        return ended is None or time.perf_counter() - ended < seconds
 
     def _run(self) -> None:
         try:
@@ -203,7 +220,11 @@ class LoopLoader:
         except Exception as error:
             _warn_not_loaded(error)
         finally:
-            self._loaded.set()
+            self._finish()
+
+    def _finish(self) -> None:
+        self._ended = time.perf_counter()
+        self._loaded.set()
 
 
 def _warn_not_loaded(error: BaseException) -> None:
@@ -225,6 +246,30 @@ def _load_staging_loop() -> DriverCalls | None:
 STAGING_LOOP = LoopLoader(_load_staging_loop)  # one per process: what it loads is process-wide
 
 
+class _RingMaking:
+    """Rings made ahead (:meth:`TransferEngine.prepare`) are made one at a time, and none once
+    the interpreter exits: exit waits (up to ``RING_MADE_WITHIN_S``) for the one being made, so
+    that no thread is inside CUDA calls while CUDA shuts down."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.exiting = False
+        at_thread_exit(self._exit)
+        # A child forked while a ring was being made would find the lock taken for good.
+        os.register_at_fork(after_in_child=self._unlock)
+
+    def _unlock(self) -> None:
+        self.lock = threading.Lock()
+
+    def _exit(self) -> None:
+        self.exiting = True  # makers read it holding the lock: wait for the one that holds it
+        if self.lock.acquire(timeout=RING_MADE_WITHIN_S):
+            self.lock.release()
+
+
+RING_MAKING = _RingMaking()
+
+
 def _closed_error() -> RuntimeError:
     return RuntimeError("the transfer engine is closed (its runtime shut down)")
 
@@ -242,6 +287,7 @@ class TransferEngine:
         self._staging_threads: TaskThreads | None = None
         self._closed = False
         self._registered: list[tuple[int, int]] = []  # [start, end) of register_host ranges
+        self._preparing: dict[int, threading.Event] = {}  # device -> set once its ring is made
 
     def _fill_pool(self) -> TaskThreads:
         """The staging threads (started on first use); RuntimeError once closed."""
@@ -253,23 +299,84 @@ class TransferEngine:
                                                     finish_at_exit=True)
             return self._staging_threads
 
-    def _take_ring(self, device: int, driver: DriverCalls) -> StagingRing | None:
-        """An idle ring of ``device``, or a new one; None when the pinned limit or the crew's
-        threads leave none to be had. RuntimeError once the engine is closed."""
-        from vedart.gpu.staging_loop import CrewUnavailable
+    def prepare(self, device: int) -> None:
+        """Make ready, on a background thread, what the first copy of a large array to
+        ``device`` needs: start loading the compiled loop and, once it is loaded, make a
+        staging ring for ``device`` and keep it idle. A new ring's pinned slots and crew took
+        26-56 ms on the H100, more than :meth:`to_device` takes to send 64 MB through it. A
+        copy that needs a ring of ``device`` while it is being made waits for it rather than
+        make a second. Returns at once; :meth:`wait_prepared` waits."""
+        self.loop.start()
+        with self._lock:
+            if self._closed or device in self._preparing:
+                return
+            made = self._preparing[device] = threading.Event()
+        maker = threading.Thread(target=self._prepare_ring, args=(device, made),
+                                 name="vedart-ring-maker", daemon=True)
+        try:
+            maker.start()
+        except RuntimeError:  # no thread to be had: the first large copy makes its ring
+            self._prepared(device, made)
 
+    def _prepare_ring(self, device: int, made: threading.Event) -> None:
+        try:
+            driver = self.loop.wait()
+            with RING_MAKING.lock:
+                if driver is None or self._closed or RING_MAKING.exiting:
+                    return
+                ring = self._new_ring(device, driver)
+            if ring is not None:
+                self._return_ring(ring)
+        except Exception as error:  # nothing is lost: the first large copy makes its own
+            if not self._closed:
+                warnings.warn(f"vedart: no staging ring made ahead ({error!r}); the first "
+                              "large host-to-device copy makes one", RuntimeWarning,
+                              stacklevel=1)
+        finally:
+            self._prepared(device, made)
+
+    def _prepared(self, device: int, made: threading.Event) -> None:
+        with self._lock:
+            self._preparing.pop(device, None)
+        made.set()
+
+    def wait_prepared(self, timeout: float | None = None) -> None:
+        """Wait until the rings :meth:`prepare` began are made (up to ``timeout`` seconds for
+        each; None: however long it takes)."""
+        with self._lock:
+            pending = list(self._preparing.values())
+        for made in pending:
+            made.wait(timeout)
+
+    def _take_ring(self, device: int, driver: DriverCalls) -> StagingRing | None:
+        """An idle ring of ``device`` (the one :meth:`prepare` is making, once made), or a new
+        one; None when the pinned limit or the crew's threads leave none to be had.
+        RuntimeError once the engine is closed."""
+        with self._lock:
+            if self._closed:
+                raise _closed_error()
+            being_made = self._preparing.get(device)
+        if being_made is not None:
+            being_made.wait(RING_MADE_WITHIN_S)
         with self._lock:
             if self._closed:
                 raise _closed_error()
             if self._idle_rings[device]:
                 return self._idle_rings[device].pop()
+        return self._new_ring(device, driver)
+
+    def _new_ring(self, device: int, driver: DriverCalls) -> StagingRing | None:
+        """A new ring of ``device``; None when the pinned limit or the crew's threads leave none
+        to be had."""
+        from vedart.gpu.staging_loop import CrewUnavailable
+
         try:
             return StagingRing(self.pinned, device, self.tuning, driver)
         except MemoryError:  # the pinned limit
             return None
         except CrewUnavailable as error:
             warnings.warn(f"vedart: no staging crew ({error}); large host-to-device copies use "
-                          "cupy.asarray", RuntimeWarning, stacklevel=3)
+                          "cupy.asarray", RuntimeWarning, stacklevel=4)
             return None
 
     def _return_ring(self, ring: StagingRing) -> None:
@@ -454,8 +561,9 @@ class TransferEngine:
     def close(self) -> None:
         """Stop the staging threads and the idle rings' crews, and free pinned memory not held
         by result arrays (those free theirs when they go); a transfer still running releases
-        its ring when it ends. Later transfers of arrays the ring would take raise
-        RuntimeError, and later results are pageable."""
+        its ring when it ends, and so does a ring :meth:`prepare` is making, once made. Later
+        transfers of arrays the ring would take raise RuntimeError, and later results are
+        pageable."""
         with self._lock:
             threads, self._staging_threads, self._closed = self._staging_threads, None, True
         if threads is not None:
@@ -488,6 +596,17 @@ def to_device(array: np.ndarray) -> Any:
     import cupy
 
     return cupy.asarray(native_byte_order(array))
+
+
+def staging_loop_loading(host_bytes: int, within_s: float) -> bool:
+    """Whether a GPU call that moved ``host_bytes`` bytes of host arrays to the device, timed
+    over the last ``within_s`` seconds, may have copied one of them direct because the current
+    runtime's staging loop was loading (:meth:`LoopLoader.loading_within`; calls below the
+    staging cutoff never use the loop). Such a time is no measure of the GPU path: the adaptive
+    model does not learn it. False when no runtime manages a GPU."""
+    engine = _engine()
+    return (engine is not None and host_bytes >= engine.tuning.pool_from
+            and engine.loop.loading_within(within_s))
 
 
 def upload(value: Staged | np.ndarray) -> Any:

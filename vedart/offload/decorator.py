@@ -29,7 +29,7 @@ import numpy as np
 from vedart import lifecycle
 from vedart.config import FIELD_SPECS
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
-from vedart.gpu.transfer import Staged, TransferEngine, to_host, upload
+from vedart.gpu.transfer import Staged, TransferEngine, staging_loop_loading, to_host, upload
 from vedart.offload.adaptive import ADAPTIVE_FLOOR, function_key
 from vedart.offload.arguments import (
     CONTAINER_DEPTH,
@@ -305,6 +305,8 @@ class _Offload:
         if decision.path == "gpu" and not self._gpu_warm:
             self._gpu_warm = True
             return
+        if decision.path == "gpu" and staging_loop_loading(facts.host_bytes, within_s=seconds):
+            return  # a large array may have gone direct, at a third of the loop's speed
         runtime.cost_model.observe(self.key, facts.signature, facts.host_bytes,
                                    decision.path, seconds)
         if runtime.cost_model.revision != self._floor_revision:

@@ -1,0 +1,42 @@
+"""Cold start on the real GPU (``pytest -m gpu``): a fresh process's runtime begins loading
+the compiled staging loop at ``init``, before any transfer asks for it, and makes a staging
+ring ahead."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vedart
+
+pytestmark = pytest.mark.gpu
+
+# Right after init: loading (or, were it that quick, loaded). A loader that init left alone
+# would be neither, and ``calls()`` would only then start it, answering None.
+FRESH_PROCESS = """
+import json
+import vedart as veda
+runtime = veda.init()
+loop = runtime.gpu.transfers.loop
+began = loop.loading_within() or loop.calls() is not None
+loaded = loop.wait(300) is not None
+runtime.gpu.transfers.wait_prepared(300)
+ring = runtime.gpu.get_memory_stats()["pinned_used_mb"] > 0  # nothing else was moved
+print(json.dumps({"began_at_init": began, "loaded": loaded, "ring_made_ahead": ring}))
+"""
+
+
+def test_init_begins_loading_the_staging_loop_and_making_a_ring_in_a_fresh_process() -> None:
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(vedart.__file__).resolve().parents[1]), environment.get("PYTHONPATH", "")])
+    finished = subprocess.run([sys.executable, "-c", FRESH_PROCESS], env=environment,
+                              capture_output=True, text=True, timeout=400, check=False)
+    assert finished.returncode == 0, finished.stderr
+    assert json.loads(finished.stdout.strip().splitlines()[-1]) == {
+        "began_at_init": True, "loaded": True, "ring_made_ahead": True}
