@@ -672,6 +672,7 @@ class DeviceWorkers:
         self.workers: list[DeviceWorker] = []
         self.unavailable: str | None = None
         self._busy = threading.Lock()
+        self._owner = os.getpid()  # a forked child holds copies of the sockets and rings
         atexit.register(self.shutdown)  # a script that never shuts its runtime down
         free, needed = _shared_memory_free(), RING_BYTES * len(ordinals)
         try:
@@ -707,8 +708,11 @@ class DeviceWorkers:
         return min(usable, key=lambda worker: (worker.in_flight, worker.ordinal), default=None)
 
     def shutdown(self) -> None:
-        """Stop every worker and free its ring (idempotent)."""
+        """Stop every worker and free its ring (idempotent); nothing in a process forked from
+        the one that started them (its exit must not stop its parent's workers)."""
         atexit.unregister(self.shutdown)
+        if os.getpid() != self._owner:
+            return
         for worker in self.workers:
             try:
                 worker.shutdown()
