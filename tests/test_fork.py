@@ -119,3 +119,30 @@ def test_a_forked_child_leaves_the_parents_device_worker_processes_alone() -> No
     assert all(worker.broken is None for worker in workers.workers)
     again = veda.par_iter(arrays).gpu_map(wf.pid_of_item).collect()
     assert set(again) <= set(pids) and os.getpid() not in again
+
+
+def test_a_staging_loop_loading_at_the_fork_loads_afresh_in_the_child(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vedart.gpu.transfer import STAGING_LOOP
+
+    for name in ("_load", "_lock", "_loaded", "_thread", "_calls"):  # restored at the end
+        monkeypatch.setattr(STAGING_LOOP, name, getattr(STAGING_LOOP, name))
+    release = threading.Event()
+
+    def slow_load() -> Any:
+        release.wait()
+        return "loaded"
+
+    STAGING_LOOP.forget()
+    STAGING_LOOP._load = slow_load
+    assert STAGING_LOOP.calls() is None  # loading, on a thread the child will not have
+
+    def child() -> Any:
+        release.set()
+        return STAGING_LOOP.wait(10)
+
+    try:
+        assert in_forked_child(child) == "loaded"
+    finally:
+        release.set()
+        assert STAGING_LOOP.wait(10) == "loaded"
