@@ -22,6 +22,8 @@ import vedart as veda
 from vedart.lifecycle import FORKED_CHILD_REASON
 
 CHILD_LIMIT_S = 60.0
+# Python 3.12+ warns at every fork of a process with threads; forking one is the point here.
+pytestmark = pytest.mark.filterwarnings("ignore:.*use of fork\\(\\) may lead to deadlocks")
 
 
 @veda.gpu

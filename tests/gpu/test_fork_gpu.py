@@ -12,7 +12,8 @@ from test_fork import in_forked_child
 import vedart as veda
 from vedart.lifecycle import FORKED_CHILD_REASON
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.filterwarnings("ignore:.*use of fork\\(\\) may lead to deadlocks")]
 
 
 @veda.gpu

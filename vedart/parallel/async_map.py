@@ -67,7 +67,8 @@ class AsyncMapReader(ItemwiseReader):
             left = asyncio.all_tasks(loop)
             for task in left:
                 task.cancel()
-            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            if left:
+                loop.run_until_complete(asyncio.wait(left))
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()
