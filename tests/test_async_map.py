@@ -100,6 +100,20 @@ def test_a_failed_call_names_its_index_and_stage_and_errors_options_apply() -> N
     assert upstream.collect(errors="skip") == [1, 0]
 
 
+@pytest.mark.timeout(30)  # the other items' tasks must not be left waiting
+def test_a_system_exit_in_a_call_reaches_the_caller_as_it_is() -> None:
+    async def exits_on_two(x: int) -> int:
+        await asyncio.sleep(0.001)
+        if x == 2:
+            raise SystemExit(3)
+        return x
+
+    with pytest.raises(SystemExit) as caught:
+        par_iter(range(10)).async_map(exits_on_two, concurrency=4).collect()
+    assert caught.value.code == 3
+    assert par_iter(range(2)).async_map(exits_on_two).collect() == [0, 1]
+
+
 def test_an_early_end_cancels_the_calls_under_way() -> None:
     waiting: list[int] = []
     cleaned: list[int] = []

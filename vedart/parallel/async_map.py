@@ -8,8 +8,9 @@ value itself. At most ``concurrency`` items are in flight at once (started and n
 delivered downstream), and results come out in input order whatever order they finish in.
 
 A plain function runs on the loop's thread, between the awaits of the others: it holds them
-up while it runs, so CPU work belongs in ``map``. An item whose call raises becomes an
-:class:`~vedart.parallel.batch.ItemFailure` naming this stage, as in the other stages.
+up while it runs, so CPU work belongs in ``map``. An item whose call raises an Exception
+becomes an :class:`~vedart.parallel.batch.ItemFailure` naming this stage, as in the other
+stages; KeyboardInterrupt, SystemExit and the like reach the terminal's caller as they are.
 Closing the pipeline early cancels the calls still under way (their ``finally`` blocks run)
 and joins the loop's thread.
 """
@@ -32,16 +33,19 @@ DEFAULT_CONCURRENCY = 64  # calls in flight: enough to overlap network or disk w
 
 
 class _Slot:
-    """Where an item's batch lands before its task hands it over."""
+    """Where an item's outcome lands before its task hands it over: its batch, or an exception
+    that is no item failure (KeyboardInterrupt, SystemExit), raised to the terminal's caller."""
 
-    __slots__ = ("batch",)
+    __slots__ = ("outcome",)
 
     def __init__(self) -> None:
-        self.batch: Batch | None = None
+        self.outcome: Batch | BaseException | None = None
 
     def take(self) -> Batch:
-        assert self.batch is not None
-        return self.batch
+        assert self.outcome is not None
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
 
 
 class AsyncMapReader(ItemwiseReader):
@@ -89,7 +93,7 @@ class AsyncMapReader(ItemwiseReader):
         running = context.run(self._loop.create_task, self._call(item, origin))
         running.add_done_callback(partial(_deliver, slot, task))
 
-    async def _call(self, item: Any, origin: int) -> Batch:
+    async def _call(self, item: Any, origin: int) -> Batch | BaseException:
         try:
             value = self._function(item)
             if inspect.isawaitable(value):
@@ -97,6 +101,8 @@ class AsyncMapReader(ItemwiseReader):
         except (Exception, asyncio.CancelledError) as error:  # a cancelled await fails its item
             failure = ItemFailure(origin, self.label, error)
             return Batch([failure], [origin], {0: failure})
+        except BaseException as error:  # noqa: BLE001  # raised out of the loop, it would
+            return error  # stop it and leave the other items' tasks waiting forever
         return Batch([value], [origin])
 
     def close(self) -> None:
@@ -107,10 +113,11 @@ class AsyncMapReader(ItemwiseReader):
         self._thread.join()
 
 
-def _deliver(slot: _Slot, task: Task[Batch], running: asyncio.Task[Batch]) -> None:
-    """Hand an item's batch to its task (not run when the pipeline was closed meanwhile)."""
+def _deliver(slot: _Slot, task: Task[Batch], running: asyncio.Task[Batch | BaseException]
+             ) -> None:
+    """Hand an item's outcome to its task (not run when the pipeline was closed meanwhile)."""
     if running.cancelled():  # cancelled before it started: only when the pipeline closed
         return
-    slot.batch = running.result()
+    slot.outcome = running.result()
     if task.claim():
         task.run()
