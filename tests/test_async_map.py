@@ -69,13 +69,15 @@ def test_plain_functions_and_functions_returning_awaitables_are_accepted() -> No
 
 
 def test_one_event_loop_per_pipeline_run_off_the_calling_thread() -> None:
-    async def where(_: int) -> tuple[int, int]:
-        return id(asyncio.get_running_loop()), threading.get_ident()
+    async def where(_: int) -> tuple[asyncio.AbstractEventLoop, int]:
+        return asyncio.get_running_loop(), threading.get_ident()
 
     pipeline = par_iter(range(30)).async_map(where)
-    first, second = pipeline.collect(), pipeline.collect()
-    assert len(set(first)) == 1 and len(set(second)) == 1
-    assert first[0][0] != second[0][0]  # a loop of its own for each run
+    first, second = pipeline.collect(), pipeline.collect()  # holding the loops: ids stay apart
+    for run in (first, second):
+        assert len({id(loop) for loop, _ in run}) == 1
+    assert first[0][0] is not second[0][0]  # a loop of its own for each run
+    assert first[0][0].is_closed() and second[0][0].is_closed()
     assert first[0][1] != threading.get_ident()
 
 
