@@ -314,3 +314,51 @@ def test_a_force_block_keeps_the_items_in_this_process(fake_lanes: None) -> None
         assert par_iter([np.ones(2)] * 3).gpu_map(wf.forced_cpu_pid).collect() == \
             [os.getpid()] * 3
     assert "processes" not in runtime.scheduler._lanes
+
+
+class ItemOfTheScript:
+    """Stands for a class defined in the user's script (moved into ``__main__`` by the test)."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+
+def test_items_a_worker_could_not_load_run_here_and_the_others_in_the_workers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    monkeypatch.setattr(ItemOfTheScript, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "ItemOfTheScript", ItemOfTheScript,
+                        raising=False)
+    two_fake_gpus()
+    items: list[Any] = [np.ones(2) for _ in range(6)]
+    items[1] = threading.Lock()  # does not pickle
+    items[4] = ItemOfTheScript(np.ones(3))  # pickles here; a worker cannot load it
+    pids = par_iter(items).gpu_map(wf.pid_of_item).collect()
+    assert pids[1] == pids[4] == os.getpid()
+    assert os.getpid() not in pids[:1] + pids[2:4] + pids[5:]
+    assert device_workers.encode_for_worker(items[0]) is not None
+
+
+@pytest.mark.timeout(60)  # a stalled worker queue hangs the second pipeline
+def test_an_interrupt_between_reserving_an_item_and_sending_it_stalls_no_worker(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    two_fake_gpus()
+    arrays = [np.full(2, 100 + i) for i in range(20)]  # none is 7
+    assert len(par_iter(arrays).gpu_map(wf.pid_of_item).collect()) == 20  # workers started
+    reserve = device_workers.DeviceWorker.reserve
+    reserved = []
+
+    def interrupted_after_the_fifth(worker: Any, *args: Any) -> tuple[int, int]:
+        reservation = reserve(worker, *args)
+        reserved.append(reservation)
+        if len(reserved) == 5:
+            raise KeyboardInterrupt  # arrives after the reservation, before it is sent
+        return reservation
+
+    monkeypatch.setattr(device_workers.DeviceWorker, "reserve", interrupted_after_the_fifth)
+    with pytest.raises(KeyboardInterrupt):
+        par_iter(arrays).gpu_map(wf.fails_on_seven).collect()
+    monkeypatch.undo()
+    assert [r.tolist() for r in par_iter(arrays).gpu_map(wf.fails_on_seven).collect()] == \
+        [(a * 2).tolist() for a in arrays]

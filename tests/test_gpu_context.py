@@ -136,3 +136,74 @@ def test_free_memory_reuses_a_young_reading_only(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(context, "FREE_MEMORY_MAX_AGE_S", 0.0)
     assert gpu.free_memory(0) == 1 * GIB and probe.memory_queries == 3
     assert gpu.get_memory_stats(0)["free_mb"] == 1 * GIB / 2**20  # statistics read afresh
+
+
+class _Block:
+    """What an allocator hands out, as far as peak tracking reads it."""
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = device_id
+
+
+class _CountingPool:
+    def __init__(self) -> None:
+        self.used = 0
+
+    def used_bytes(self) -> int:
+        return self.used
+
+
+def test_peak_tracking_wraps_the_allocator_set_before_and_puts_it_back() -> None:
+    import threading
+
+    import cupy
+
+    from vedart.gpu.memory import PeakTracker
+
+    pool, sizes = _CountingPool(), []
+
+    def users_allocator(size: int) -> _Block:
+        sizes.append(size)
+        pool.used += size
+        return _Block(1)
+
+    before = cupy.cuda.get_allocator()
+    cupy.cuda.set_allocator(users_allocator)
+    try:
+        peak, lock = {0: 0, 1: 0}, threading.Lock()
+        first = PeakTracker(pool, peak, lock)
+        second = PeakTracker(pool, peak, lock)  # a runtime replacing another wraps the same
+        assert first.allocate is users_allocator and second.allocate is users_allocator
+        allocate = cupy.cuda.get_allocator()
+        assert allocate(300).device_id == 1 and allocate(200).device_id == 1
+        assert sizes == [300, 200] and peak == {0: 0, 1: 500}
+        pool.used = 100  # blocks freed: the peak stays
+        allocate(50)
+        assert peak == {0: 0, 1: 500}
+        assert not first.close()  # the newer tracker is installed: left alone
+        assert second.close() and cupy.cuda.get_allocator() is users_allocator
+        assert not second.close()
+    finally:
+        cupy.cuda.set_allocator(before)
+
+
+def test_the_pool_read_is_the_users_own_when_its_malloc_is_the_allocator() -> None:
+    import threading
+
+    import cupy
+
+    from vedart.gpu.memory import PeakTracker, pool_in_use
+
+    default, own = object(), cupy.cuda.MemoryPool()
+    before = cupy.cuda.get_allocator()
+    try:
+        assert pool_in_use(default) is cupy.get_default_memory_pool()  # CuPy's default
+        cupy.cuda.set_allocator(len)  # an allocator of no pool
+        assert pool_in_use(default) is default
+        cupy.cuda.set_allocator(own.malloc)
+        assert pool_in_use(default) is own
+        tracker = PeakTracker(own, {}, threading.Lock())
+        assert pool_in_use(default) is own  # seen through the tracker
+        assert tracker.close() and cupy.cuda.get_allocator().__self__ is own
+    finally:
+        cupy.cuda.set_allocator(before)

@@ -390,3 +390,34 @@ def test_registered_host_memory_goes_straight_to_the_device(
         device = engine.to_device(array)
         cupy.cuda.get_current_stream().synchronize()
         assert device.dtype == array.dtype and np.array_equal(device.get(), array)
+
+
+def test_peak_tracking_wraps_the_allocator_the_user_set_and_puts_it_back() -> None:
+    import cupy
+
+    veda.shutdown()  # the fixture's runtime puts CuPy's default allocator back
+    default = cupy.cuda.get_allocator()
+    own_pool, sizes = cupy.cuda.MemoryPool(), []
+
+    def counting(size: int) -> Any:
+        sizes.append(size)
+        return own_pool.malloc(size)
+
+    x = np.random.default_rng().random(1_000_000)  # 8 MB
+    f = veda.gpu(force="gpu")(lambda a: a * 2 + 1)
+    try:
+        for allocator in (counting, own_pool.malloc):
+            cupy.cuda.set_allocator(allocator)
+            runtime = veda.init(veda.Config.builder().cost_model("static").build())
+            assert runtime.gpu
+            runtime.gpu.reset_peak_memory()
+            np.testing.assert_allclose(f(x), x * 2 + 1)
+            assert runtime.telemetry.recent()[-1].path == "gpu"
+            if allocator is counting:
+                assert sum(sizes) >= x.nbytes  # the user's allocator served the call
+            else:  # the user's pool is the one whose figures are read
+                assert runtime.gpu.get_memory_stats()["peak_allocated_mb"] >= x.nbytes / MB
+            veda.shutdown()
+            assert cupy.cuda.get_allocator() == allocator
+    finally:
+        cupy.cuda.set_allocator(default)

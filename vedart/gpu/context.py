@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
+from vedart import lifecycle
 from vedart.backends.cuda import CUDABackend
 from vedart.config import Config
 from vedart.errors import ConfigError, DeviceError, GPUUnavailableError
-from vedart.gpu.devices import CudaProbe, DeviceInfo, DeviceProbe
+from vedart.gpu.devices import CudaProbe, DeviceInfo, DeviceProbe, Discovery
 from vedart.gpu.memory import DeviceMemory
 from vedart.gpu.transfer import TransferEngine
 
@@ -24,7 +25,8 @@ class GPUContext:
     Truthy exactly when a GPU is usable, so the seed guide's ``if runtime.gpu:`` works.
     ``devices`` lists the configured devices (``Config.devices``, default all visible);
     querying a device that is not among them raises DeviceError, and querying any device
-    while none is usable raises GPUUnavailableError with :attr:`unavailable_reason`.
+    while none is usable raises GPUUnavailableError with :attr:`unavailable_reason` (in a
+    process forked after CUDA was started, ``lifecycle.FORKED_CHILD_REASON``, without probing).
     Memory figures are in MiB (2**20 bytes), as nvidia-smi reports them.
     """
 
@@ -32,7 +34,8 @@ class GPUContext:
 
     def __init__(self, config: Config, probe: DeviceProbe | None = None) -> None:
         self._probe: DeviceProbe = CudaProbe() if probe is None else probe
-        discovery = self._probe.discover()
+        discovery = (Discovery((), lifecycle.FORKED_CHILD_REASON)
+                     if lifecycle.cuda_unusable_here() else self._probe.discover())
         self.unavailable_reason: str | None = discovery.unavailable_reason
         try:
             self.devices: list[DeviceInfo] = _configured(list(discovery.devices), config.devices)

@@ -2,8 +2,11 @@
 
 ``Config.gpu_memory_fraction`` caps CuPy's default pool on each configured device, so
 exceeding it raises CuPy's OutOfMemoryError, which the @gpu fallback turns into a CPU run.
-Peak use is tracked by wrapping the pool's allocator (one extra Python call per device
-allocation) from runtime creation until the runtime closes, and can be reset.
+The pool is the one behind CuPy's allocator: the default pool, or the user's own
+``MemoryPool`` when its ``malloc`` was set with ``cupy.cuda.set_allocator`` before the runtime
+was created. Peak use is tracked by wrapping whatever allocator was set then (one extra Python
+call per device allocation) from runtime creation until the runtime closes, which puts that
+allocator back; it can be reset.
 """
 
 from __future__ import annotations
@@ -27,13 +30,12 @@ class DeviceMemory:
         self._ordinals = ordinals
         self._peak: dict[int, int] = dict.fromkeys(ordinals, 0)
         self._lock = threading.Lock()
-        self._previous_allocator: Any = None
-        self._tracking_malloc: Any = None
         self._pool: Any = None
+        self._tracker: PeakTracker | None = None
         try:
             import cupy
 
-            pool = cupy.get_default_memory_pool()
+            pool = pool_in_use(cupy.get_default_memory_pool())
             for ordinal in ordinals:
                 with cupy.cuda.Device(ordinal):
                     pool.set_limit(fraction=fraction if fraction < 1.0 else 0)
@@ -42,23 +44,7 @@ class DeviceMemory:
             logger.debug("device pools not managed: %s", error)
             return
         self._pool = pool
-        # A runtime replacing another is created before the old one closes: restore to what
-        # was there before any vedart runtime, never to another runtime's tracker.
-        previous = cupy.cuda.get_allocator()
-        self._previous_allocator = getattr(previous, "vedart_previous", previous)
-        peak, lock = self._peak, self._lock
-
-        def tracking_malloc(size: int) -> Any:
-            memory = pool.malloc(size)
-            with lock:  # check and set as one step, or a thread that read less lowers the peak
-                used = pool.used_bytes()
-                if used > peak.get(memory.device_id, 0):
-                    peak[memory.device_id] = used
-            return memory
-
-        tracking_malloc.vedart_previous = self._previous_allocator  # type: ignore[attr-defined]
-        self._tracking_malloc = tracking_malloc
-        cupy.cuda.set_allocator(tracking_malloc)
+        self._tracker = PeakTracker(pool, self._peak, self._lock)
 
     def stats(self, ordinal: int) -> dict[str, float]:
         """``pool_allocated_mb``, ``pool_cached_mb``, ``peak_allocated_mb`` and
@@ -102,9 +88,60 @@ class DeviceMemory:
             return
         import cupy
 
-        if cupy.cuda.get_allocator() is self._tracking_malloc:
-            cupy.cuda.set_allocator(self._previous_allocator)
+        assert self._tracker is not None
+        if self._tracker.close():
             for ordinal in self._ordinals:
                 with cupy.cuda.Device(ordinal):
                     self._pool.set_limit(size=0)
         self._pool = None
+
+
+def _unwrapped(allocator: Any) -> Any:
+    """The allocator a vedart :class:`PeakTracker` wraps, or ``allocator`` itself."""
+    owner = getattr(allocator, "__self__", None)
+    return owner.allocate if isinstance(owner, PeakTracker) else allocator
+
+
+def pool_in_use(default_pool: Any) -> Any:
+    """The pool behind CuPy's current allocator: the user's own ``MemoryPool`` when its
+    ``malloc`` was set with ``cupy.cuda.set_allocator`` (seen through a vedart tracker),
+    else ``default_pool``."""
+    import cupy
+
+    owner = getattr(_unwrapped(cupy.cuda.get_allocator()), "__self__", None)
+    return owner if callable(getattr(owner, "used_bytes", None)) else default_pool
+
+
+class PeakTracker:
+    """Installed as CuPy's allocator on creation: each allocation goes to the allocator that was
+    set before (the user's own, or CuPy's default pool; never another runtime's tracker: a
+    runtime replacing another is created before the old one closes), then raises ``peak``
+    (device ordinal -> bytes) to ``pool.used_bytes()`` when that is higher."""
+
+    def __init__(self, pool: Any, peak: dict[int, int], lock: threading.Lock) -> None:
+        import cupy
+
+        self.allocate = _unwrapped(cupy.cuda.get_allocator())
+        self._pool = pool
+        self._peak = peak
+        self._lock = lock
+        cupy.cuda.set_allocator(self.malloc)
+
+    def malloc(self, size: int) -> Any:
+        memory = self.allocate(size)
+        with self._lock:  # check and set as one step, or a thread that read less lowers the peak
+            used = self._pool.used_bytes()
+            if used > self._peak.get(memory.device_id, 0):
+                self._peak[memory.device_id] = used
+        return memory
+
+    def close(self) -> bool:
+        """Put back the allocator wrapped, unless another allocator has been set since (a newer
+        runtime's tracker, or the user's): whether it was put back."""
+        import cupy
+
+        current = cupy.cuda.get_allocator()
+        if getattr(current, "__self__", None) is not self:
+            return False
+        cupy.cuda.set_allocator(self.allocate)
+        return True

@@ -169,6 +169,11 @@ class LoopLoader:
 
     def __init__(self, load: Callable[[], DriverCalls | None]) -> None:
         self._load = load
+        self.forget()
+
+    def forget(self) -> None:
+        """Start afresh, as if never loaded: in a forked child, whose copy of a loading thread
+        does not exist and would never say it has ended."""
         self._lock = threading.Lock()
         self._loaded = threading.Event()
         self._thread: threading.Thread | None = None
@@ -244,6 +249,7 @@ def _load_staging_loop() -> DriverCalls | None:
 
 
 STAGING_LOOP = LoopLoader(_load_staging_loop)  # one per process: what it loads is process-wide
+os.register_at_fork(after_in_child=STAGING_LOOP.forget)
 
 
 class _RingMaking:

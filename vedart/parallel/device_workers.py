@@ -74,6 +74,7 @@ MIB = 2**20
 RING_BYTES = 256 * MIB    # per device: 64 items of 4 MB in flight
 WORKER_THREADS = 4        # a worker's CPU threads (its CPU items and hybrid work)
 START_TIMEOUT_S = 120.0   # a worker imports NumPy, CuPy and vedart and opens its device
+MAIN_MODULE = b"__main__"  # in a pickle that names something of the main script
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,18 @@ def encode(item: Any) -> tuple[bytes, list[memoryview]]:
     buffers: list[pickle.PickleBuffer] = []
     meta = pickle.dumps(item, protocol=5, buffer_callback=buffers.append)
     return meta, [buffer.raw() for buffer in buffers]
+
+
+def encode_for_worker(item: Any) -> tuple[bytes, list[memoryview]] | None:
+    """:func:`encode`, or None when a worker process could not load the item: it does not
+    pickle, or its pickle names something of ``__main__`` (a class of the caller's script; the
+    worker's ``__main__`` is not that script). The check looks for the module's name in the
+    pickle, so an item merely holding the text "__main__" stays in this process too."""
+    try:
+        meta, buffers = encode(item)
+    except Exception:  # noqa: BLE001  # whatever stops pickling keeps the item here
+        return None
+    return None if MAIN_MODULE in meta else (meta, buffers)
 
 
 def payload_bytes(buffers: list[memoryview]) -> int:
@@ -369,6 +382,7 @@ class DeviceWorker:
         self._next_send = 0
         self._outbox: dict[int, tuple[Any, ...]] = {}
         self._in_ring: deque[int] = deque()  # seqs holding ring spans, oldest first
+        self._unsent: set[int] = set()  # reserved items no send has taken up yet
         self._arrived: set[int] = set()
         self._deliver: dict[int, Callable[[Outcome], None]] = {}
         self._unflushed = False  # items were reserved since the last flush
@@ -462,16 +476,21 @@ class DeviceWorker:
             self._unflushed = True
             self._in_ring.append(seq)
             self._deliver[seq] = deliver
+            self._unsent.add(seq)
             return seq, offset
 
     def send(self, seq: int, offset: int, meta: bytes, buffers: list[memoryview]) -> None:
         """Copy a reserved item's buffers into the ring (NumPy releases the interpreter lock
         while it copies) and send it, after every item reserved before it. On failure the item
-        gets that failure as its outcome."""
+        gets that failure as its outcome. Nothing for an item abandoned meanwhile."""
+        with self._changed:
+            if seq not in self._unsent:
+                return
+            self._unsent.discard(seq)
         try:
             spans = write_buffers(self._ring_bytes, offset, buffers)
         except BaseException as error:
-            self.abandon(seq, error)
+            self._settle(seq, Outcome(False, error), ("noop",))
             if not isinstance(error, Exception):
                 raise
             return
@@ -480,8 +499,22 @@ class DeviceWorker:
             self._drain()
 
     def abandon(self, seq: int, error: BaseException) -> None:
-        """Settle a reserved item that will not be sent with ``error`` as its outcome."""
+        """Settle a reserved item that will not be sent with ``error`` as its outcome (nothing
+        once a send has taken it up)."""
+        with self._changed:
+            if seq not in self._unsent:
+                return
+            self._unsent.discard(seq)
         self._settle(seq, Outcome(False, error), ("noop",))
+
+    def abandon_unsent(self, error: BaseException) -> None:
+        """:meth:`abandon` every reserved item no send has taken up: a pipeline interrupted
+        between reserving an item and handing it to a send must not leave a gap that holds
+        back every later message to the worker."""
+        with self._changed:
+            unsent = sorted(self._unsent)
+        for seq in unsent:
+            self.abandon(seq, error)
 
     def cancel(self) -> None:
         """Have the worker drop the items it has not started (a pipeline closed early; after
@@ -639,6 +672,7 @@ class DeviceWorkers:
         self.workers: list[DeviceWorker] = []
         self.unavailable: str | None = None
         self._busy = threading.Lock()
+        self._owner = os.getpid()  # a forked child holds copies of the sockets and rings
         atexit.register(self.shutdown)  # a script that never shuts its runtime down
         free, needed = _shared_memory_free(), RING_BYTES * len(ordinals)
         try:
@@ -674,8 +708,11 @@ class DeviceWorkers:
         return min(usable, key=lambda worker: (worker.in_flight, worker.ordinal), default=None)
 
     def shutdown(self) -> None:
-        """Stop every worker and free its ring (idempotent)."""
+        """Stop every worker and free its ring (idempotent); nothing in a process forked from
+        the one that started them (its exit must not stop its parent's workers)."""
         atexit.unregister(self.shutdown)
+        if os.getpid() != self._owner:
+            return
         for worker in self.workers:
             try:
                 worker.shutdown()

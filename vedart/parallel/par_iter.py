@@ -1,7 +1,7 @@
 """``par_iter(iterable)``: lazy parallel pipelines over any iterable, with GPU stages.
 
-Adapters (``map``, ``filter``, ``flat_map``, ``enumerate``, ``zip``, ``take``, ``skip``,
-``chunk``, ``gpu_map``) only describe the pipeline and return a new :class:`ParIter`; nothing
+Adapters (``map``, ``filter``, ``flat_map``, ``async_map``, ``enumerate``, ``zip``, ``take``,
+``skip``, ``chunk``, ``gpu_map``) only describe the pipeline and return a new :class:`ParIter`; nothing
 runs until a terminal (``collect``, ``fold``, ``reduce``, ``sum``, ``count``, ``min``, ``max``,
 ``any``, ``all``, ``for_each``, ``to_dict``) is called. Then, on the current runtime's scheduler:
 
@@ -11,6 +11,7 @@ runs until a terminal (``collect``, ``fold``, ``reduce``, ``sum``, ``count``, ``
   ``take(n)`` on an endless generator returns and a huge generator runs in bounded memory;
 - consecutive map/filter/flat_map stages are fused and run on the worker pool in automatically
   sized chunks; enumerate, zip, take, skip and chunk run in order on the calling thread;
+  async_map awaits its calls on an event loop of the pipeline's own (:mod:`.async_map`);
 - an item that raises makes the terminal raise :class:`~vedart.errors.ParIterError` naming its
   source index and stage, chained to the original exception, and cancels the work still queued
   (``collect(errors="skip" | "return")`` keeps going instead).
@@ -35,6 +36,7 @@ from vedart.errors import ConfigError, OffloadError, OffloadWarning
 from vedart.lifecycle import get_runtime
 from vedart.offload.force import forced_path
 from vedart.parallel.adapters import Chunk, Enumerate, Skip, Take, Zip
+from vedart.parallel.async_map import DEFAULT_CONCURRENCY, AsyncMapReader
 from vedart.parallel.batch import Batch, ItemFailure, Reader, SourceReader
 from vedart.parallel.device_workers import DeviceWorkers, function_payload
 from vedart.parallel.elementwise import KINDS, Step, fuse
@@ -52,7 +54,7 @@ U = TypeVar("U")
 K = TypeVar("K", bound=Hashable)
 
 ERROR_MODES = ("raise", "skip", "return")
-_ONE_TO_ONE = frozenset({"map", "gpu_map", "enumerate"})  # stages that keep the item count
+_ONE_TO_ONE = frozenset({"map", "async_map", "gpu_map", "enumerate"})  # stages that keep the item count
 _NO_VALUE: Any = object()
 
 
@@ -148,6 +150,16 @@ class ParIter(Generic[T]):
     def flat_map(self, f: Callable[[T], Iterable[U]]) -> ParIter[U]:
         """The items of each ``f(item)`` (an iterable, consumed on the worker), in order."""
         return self._element_wise("flat_map", f)
+
+    def async_map(self, f: Callable[[T], Any], concurrency: int = DEFAULT_CONCURRENCY
+                  ) -> ParIter[Any]:
+        """``f(item)`` for each item, awaited when it returns an awaitable (``async def``
+        functions), at most ``concurrency`` items at a time on one event loop per pipeline run;
+        results in input order. A plain ``f`` runs on the loop's thread and holds the others up
+        while it runs (use ``map`` for CPU work)."""
+        _check_callable("async_map(f)", f)
+        concurrency = _check_int("async_map(concurrency)", concurrency, 1)
+        return self._then("async_map", f"async_map({_name(f)})", f, concurrency)
 
     def enumerate(self, start: int = 0) -> ParIter[tuple[int, T]]:
         """``(count, item)`` pairs, count from ``start``."""
@@ -350,6 +362,10 @@ class ParIter(Generic[T]):
                               ChunkPolicy(self._chunk_size))
 
     def _positional_or_gpu(self, upstream: Reader, stage: _Stage, runtime: Runtime) -> Reader:
+        if stage.kind == "async_map":
+            assert stage.function is not None
+            return AsyncMapReader(upstream, stage.function, stage.label, stage.argument,
+                                  ChunkPolicy(self._chunk_size))
         if stage.kind != "gpu_map":
             return _POSITIONAL[stage.kind](upstream, stage)
         assert runtime.gpu

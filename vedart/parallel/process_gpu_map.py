@@ -7,7 +7,10 @@ array buffers, reserve ring space on the worker with the fewest items in flight 
 space when every ring is full), and hand the copy into the ring and the send to the transfer
 engine's staging threads. The worker's own gpu_map decides and runs the item on its device
 and sends the outcome back; the item's task completes then, its placement recorded. An item
-too large for a ring runs in this process through the @gpu wrapper.
+too large for a ring, or one a worker could not load (it does not pickle, or its class lives in
+the caller's ``__main__``), runs in this process through the @gpu wrapper. Closing the stage
+settles every item reserved and not yet handed to a send (an interrupt between the two), so
+none holds back the worker's later messages.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from vedart.parallel.device_workers import (
     DeviceWorker,
     DeviceWorkers,
     Outcome,
-    encode,
+    encode_for_worker,
     payload_bytes,
 )
 from vedart.parallel.scheduler import ChunkPolicy, ItemwiseReader, in_context, wait_for
@@ -77,16 +80,14 @@ class ProcessGpuMapReader(ItemwiseReader):
         if isinstance(item, ItemFailure):
             self._push(Task.completed(Batch([item], [origin], {0: item})))
             return
-        try:
-            meta, buffers = encode(item)
-        except Exception as error:
-            self._push(Task.completed(self._failed(origin, error)))
-            return
-        nbytes = payload_bytes(buffers)
+        encoded = encode_for_worker(item)
+        nbytes = 0 if encoded is None else payload_bytes(encoded[1])
         worker = self._workers.least_loaded()
-        if worker is None or not worker.fits(nbytes):  # every worker broke, or too large
+        # Here: an item a worker could not load, every worker broken, or too large for a ring.
+        if encoded is None or worker is None or not worker.fits(nbytes):
             self._push(self._scheduler.submit(Task(in_context(self._run_here, item, origin))))
             return
+        meta, buffers = encoded
         slot = _Slot()
         task: Task[Batch] = Task(partial(self._landed, slot, origin, worker), helpable=False)
 
@@ -156,7 +157,9 @@ class ProcessGpuMapReader(ItemwiseReader):
         self._closed = True
         try:
             super().close()
+            dropped = OffloadError("cancelled: the pipeline was closed")
             for worker in self._workers.workers:  # items left after an early close are dropped
+                worker.abandon_unsent(dropped)
                 worker.cancel()
             if self._telemetry is not None:  # the workers' calls, for veda.report() here
                 for worker in self._workers.workers:
