@@ -1,12 +1,17 @@
 """Telling GPU-specific failures from the user's own exceptions, and warning once about each.
 
-GPU-specific (the call is re-run on the CPU under ``fallback="cpu"``): exceptions whose class is
-defined by CuPy (out of memory, CUDA driver/runtime errors, cuBLAS/cuSOLVER errors, NVRTC
-compile errors); ``TypeError`` / ``NotImplementedError`` / ``AttributeError`` raised inside
-CuPy or by NumPy's dispatch when CuPy has no implementation or refuses an implicit conversion;
-an ``AttributeError`` for an attribute a CuPy object lacks (``ndarray.resize``); and CuPy's
-``ValueError`` for a dtype it cannot hold (string arrays). Everything else is the user's
-exception and propagates unchanged.
+Under ``fallback="cpu"`` every exception of a GPU attempt re-runs the call on the CPU; this
+classification matters where no re-run happens (``fallback="raise"``, ``idempotent=False``):
+a GPU-specific failure then raises ``OffloadError``, the user's own exception propagates as
+it is.
+
+GPU-specific: exceptions whose class is defined by CuPy (out of memory, CUDA driver/runtime
+errors, cuBLAS/cuSOLVER errors, NVRTC compile errors); any exception raised inside CuPy's own
+code (``OverflowError`` for ``np.clip(uint8_array, -5, 5)``); ``TypeError`` /
+``NotImplementedError`` / ``AttributeError`` raised by NumPy's dispatch when CuPy has no
+implementation or refuses an implicit conversion; an ``AttributeError`` for an attribute a CuPy
+object lacks (``ndarray.resize``); and CuPy's ``ValueError`` for a dtype it cannot hold (string
+arrays). Everything else is the user's exception.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ def is_gpu_failure(error: BaseException) -> bool:
     """Whether ``error``, raised on the GPU path, is the GPU's fault rather than the user's."""
     if type(error).__module__.startswith(_GPU_PACKAGES):
         return True
+    frames = traceback.extract_tb(error.__traceback__)
+    if frames and any(part in frames[-1].filename for part in _GPU_PATH_PARTS):
+        return True
     if isinstance(error, ValueError):
         return str(error).startswith(_UNSUPPORTED_DTYPE_TEXT)
     if not isinstance(error, _RAISED_BY_LIBRARY):
@@ -42,10 +50,14 @@ def is_gpu_failure(error: BaseException) -> bool:
     if isinstance(error, AttributeError) and type(error.obj).__module__.startswith(_GPU_PACKAGES):
         return True
     message = str(error)
-    if any(text in message for text in _MISSING_IMPLEMENTATION_TEXT):
-        return True
-    frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and any(part in frames[-1].filename for part in _GPU_PATH_PARTS)
+    return any(text in message for text in _MISSING_IMPLEMENTATION_TEXT)
+
+
+def depends_on_the_moment(error: BaseException) -> bool:
+    """Whether ``error`` says more about the device's state at the time (out of memory) than
+    about the call's arguments: such a failure is not remembered for their signature."""
+    return type(error).__name__ == "OutOfMemoryError" and \
+        type(error).__module__.startswith(_GPU_PACKAGES)
 
 
 def failure_summary(error: BaseException) -> str:
