@@ -50,7 +50,12 @@ from vedart.offload.failures import (
     is_gpu_failure,
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
-from vedart.offload.results import results_to_host
+from vedart.offload.results import (
+    note_made_array,
+    recording_made_arrays,
+    results_to_host,
+    unconverted_paths,
+)
 from vedart.offload.substitute import DEVICE_PACKAGES, ModuleMapper, device_clone
 from vedart.telemetry import CallRecord, FunctionStats
 
@@ -323,11 +328,13 @@ class _Offload:
                 return self.launch(device, args, kwargs)
         stream = cupy.cuda.get_current_stream()
         started = time.perf_counter()
-        device_args = map_arrays(args, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
-        device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
-        moved_in = time.perf_counter()
-        result = device_function(*device_args, **device_kwargs)
-        return _Launch(device, stream, device_args, device_kwargs, result, started, moved_in)
+        with recording_made_arrays() as made_arrays:  # 0-d arguments stay 0-d arrays
+            device_args = map_arrays(args, HOST_INPUTS, _upload_noted, CONTAINER_DEPTH + 1)
+            device_kwargs = map_arrays(kwargs, HOST_INPUTS, _upload_noted, CONTAINER_DEPTH + 1)
+            moved_in = time.perf_counter()
+            result = device_function(*device_args, **device_kwargs)
+        return _Launch(device, stream, device_args, device_kwargs, result, started, moved_in,
+                       made_arrays)
 
     def land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
@@ -341,13 +348,21 @@ class _Offload:
         computed = time.perf_counter()
         write_backs = self._fetch_writes(args, kwargs, launch.device_args,
                                          launch.device_kwargs)
-        bytes_to_host = sum(host.nbytes for _, host in write_backs)
+        bytes_to_host = sum(host.nbytes for _, _, host in write_backs)
         result = launch.result
         if self.options.returns == "host":
-            result, result_bytes = results_to_host(result, cupy.ndarray)
+            result, result_bytes = results_to_host(
+                result, cupy.ndarray, made_arrays=launch.made_arrays,
+                writes={id(device): (device, original) for original, device, _ in write_backs})
             bytes_to_host += result_bytes
+            unconverted = unconverted_paths(result, cupy.ndarray)
+            if unconverted:
+                _warn_once.warn(self.name, "unconverted", (
+                    f"{self.name}: returned device arrays vedart does not convert, handed back "
+                    f"as CuPy arrays: {', '.join(unconverted[:5])}; return them in a tuple, "
+                    "list, dict, dataclass or SimpleNamespace, or call veda.to_host"))
         finished = time.perf_counter()
-        for original, host in write_backs:  # only after everything else succeeded
+        for original, _, host in write_backs:  # only after everything else succeeded
             np.copyto(original, host)
         record = CallRecord(
             self.name, "gpu", reason, launch.device,
@@ -360,12 +375,18 @@ class _Offload:
 
     def _fetch_writes(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                       device_args: tuple[Any, ...], device_kwargs: dict[str, Any]
-                      ) -> list[tuple[np.ndarray, np.ndarray]]:
+                      ) -> list[tuple[np.ndarray, Any, np.ndarray]]:
+        """(caller's array, device array, host copy of the device array) per ``writes=``."""
         if self._signature is None:
             return []
         host_bound = self._signature.bind(*args, **kwargs).arguments
         device_bound = self._signature.bind(*device_args, **device_kwargs).arguments
-        return [(host_bound[name], to_host(device_bound[name])) for name in self.options.writes]
+        return [(host_bound[name], device_bound[name], to_host(device_bound[name]))
+                for name in self.options.writes]
+
+
+def _upload_noted(value: Staged | np.ndarray) -> Any:
+    return note_made_array(upload(value))
 
 
 @dataclass
@@ -380,6 +401,7 @@ class _Launch:
     result: Any
     started: float
     moved_in: float
+    made_arrays: list[Any]  # 0-d device arrays that come back as 0-d arrays
 
 
 class PlannedCall:
@@ -521,7 +543,7 @@ class PlannedCall:
         reason = f"GPU failed ({summary}); re-ran on CPU"
         result = offload.run_on_cpu(self._plan, "fallback", reason, self.args, self.kwargs)
         # The CPU ran what the GPU could not: warn, and send this signature to the CPU.
-        _warn_once.warn(offload.name, error, f"{offload.name}: {reason}")
+        _warn_once.warn(offload.name, type(error).__name__, f"{offload.name}: {reason}")
         if not self.facts.device_ordinals and not depends_on_the_moment(error):
             offload.gpu_failures[self.facts.signature] = summary
         # A failed GPU attempt costs its time plus the re-run: learn it as the GPU's time.

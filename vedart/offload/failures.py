@@ -68,14 +68,14 @@ def failure_summary(error: BaseException) -> str:
 
 class WarnOnce:
     """Warns (an :class:`OffloadWarning`, and on the ``vedart`` logger) the first time each
-    (function, kind of failure) is seen."""
+    (function, kind) is seen: a kind of failure is its exception's type name."""
 
     def __init__(self) -> None:
         self._seen: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
-    def warn(self, function: str, error: BaseException, message: str) -> None:
-        key = (function, type(error).__name__)
+    def warn(self, function: str, kind: str, message: str) -> None:
+        key = (function, kind)
         with self._lock:
             if key in self._seen:
                 return
