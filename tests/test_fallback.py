@@ -177,3 +177,17 @@ def test_idempotent_must_be_a_bool(value: Any) -> None:
     with pytest.raises(veda.ConfigError, match=f"idempotent: got {value!r}; allowed: True or "
                                                "False"):
         veda.gpu(idempotent=value)
+
+
+@pytest.mark.parametrize("filename", ["cupy/_core/_kernel.pyx",
+                                      "/site-packages/cupyx/scipy/ndimage/_filters.py"])
+def test_any_exception_raised_inside_cupys_code_is_a_gpu_failure(filename: str) -> None:
+    from vedart.offload.failures import is_gpu_failure
+
+    with pytest.raises(OverflowError) as inside_cupy:
+        exec(compile("raise OverflowError('Python integer -5 out of bounds for uint8')",
+                     filename, "exec"))
+    assert is_gpu_failure(inside_cupy.value)
+    with pytest.raises(OverflowError) as users_own:
+        raise OverflowError("Python integer -5 out of bounds for uint8")
+    assert not is_gpu_failure(users_own.value)

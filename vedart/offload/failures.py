@@ -24,7 +24,7 @@ from vedart._logging import logger
 from vedart.errors import OffloadWarning
 
 _GPU_PACKAGES = ("cupy", "cupyx", "cupy_backends", "numba.cuda")
-_GPU_PATH_PARTS = ("/cupy/", "/cupyx/", "/cupy_backends/", "\\cupy\\", "\\cupyx\\")
+_GPU_PATH_PARTS = ("/cupy/", "/cupyx/", "/cupy_backends/")
 _MISSING_IMPLEMENTATION_TEXT = (
     "no implementation found for",            # NumPy __array_function__ dispatch
     "returned NotImplemented from __array_ufunc__",  # a ufunc CuPy lacks (np.spacing)
@@ -40,7 +40,9 @@ def is_gpu_failure(error: BaseException) -> bool:
     if type(error).__module__.startswith(_GPU_PACKAGES):
         return True
     frames = traceback.extract_tb(error.__traceback__)
-    if frames and any(part in frames[-1].filename for part in _GPU_PATH_PARTS):
+    # Compiled CuPy code names its frames by relative path ("cupy/_core/core.pyx").
+    where = "/" + frames[-1].filename.replace("\\", "/") if frames else ""
+    if any(part in where for part in _GPU_PATH_PARTS):
         return True
     if isinstance(error, ValueError):
         return str(error).startswith(_UNSUPPORTED_DTYPE_TEXT)
