@@ -31,6 +31,13 @@ class OutOfMemoryError(MemoryError):
 OutOfMemoryError.__module__ = "cupy.cuda.memory"
 
 
+class CUDARuntimeError(RuntimeError):
+    """CuPy's CUDA runtime error, as the classification sees it."""
+
+
+CUDARuntimeError.__module__ = "cupy_backends.cuda.api.runtime"
+
+
 @pytest.fixture
 def gpu_attempts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[BaseException]]:
     """A faked one-device runtime whose GPU attempts raise the exceptions the test appends
@@ -127,15 +134,18 @@ def test_a_genuine_bug_raises_the_cpus_own_exception_unchained(
     assert product.explain(a, b).path == "gpu"  # the CPU failed too: nothing learned
 
 
-def test_out_of_memory_is_not_remembered(gpu_attempts: list[BaseException]) -> None:
-    gpu_attempts.extend([OutOfMemoryError("out of memory allocating 8,388,608 bytes"),
-                         NotImplementedError("no device twin")])
+@pytest.mark.parametrize("device_state", [
+    OutOfMemoryError("out of memory allocating 8,388,608 bytes"),
+    CUDARuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient")])
+def test_device_state_failures_are_not_remembered(gpu_attempts: list[BaseException],
+                                                  device_state: BaseException) -> None:
+    gpu_attempts.extend([device_state, NotImplementedError("no device twin")])
     double = veda.gpu(lambda x: x * 2)
     x = rng_array()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", veda.OffloadWarning)
         np.testing.assert_array_equal(double(x), x * 2)
-        assert double.explain(x).path == "gpu"  # the memory may be free next time
+        assert double.explain(x).path == "gpu"  # the device may be fine next time
         np.testing.assert_array_equal(double(x), x * 2)
     assert double.explain(x).path == "cpu"
 

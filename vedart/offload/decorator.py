@@ -257,9 +257,9 @@ class _Offload:
                 self.key, facts.signature, facts.host_bytes, peek=peek))
         if decision.path == "gpu" and forcing is None and self.gpu_failures:
             failure = self.gpu_failures.get(facts.signature)
-            if failure is not None:
+            if failure is not None:  # the model still learns the CPU time of what it chose
                 return Decision("cpu", f"GPU failed before for arguments {facts.signature} "
-                                       f"({failure}); the CPU ran them")
+                                       f"({failure}); the CPU ran them", model=decision.model)
         if decision.path == "gpu" and self._signature is not None:
             problem = self._writes_problem(args, kwargs)
             if problem is not None:

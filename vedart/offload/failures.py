@@ -55,10 +55,14 @@ def is_gpu_failure(error: BaseException) -> bool:
     return any(text in message for text in _MISSING_IMPLEMENTATION_TEXT)
 
 
+_DEVICE_STATE_ERRORS = ("OutOfMemoryError", "CUDARuntimeError", "CUDADriverError")
+
+
 def depends_on_the_moment(error: BaseException) -> bool:
-    """Whether ``error`` says more about the device's state at the time (out of memory) than
-    about the call's arguments: such a failure is not remembered for their signature."""
-    return type(error).__name__ == "OutOfMemoryError" and \
+    """Whether ``error`` says more about the device's state (out of memory, a CUDA runtime or
+    driver error: no driver, a lost device) than about the call's arguments: such a failure is
+    not remembered for their signature (the adaptive model learns a failing device as slow)."""
+    return type(error).__name__ in _DEVICE_STATE_ERRORS and \
         type(error).__module__.startswith(_GPU_PACKAGES)
 
 
