@@ -9,17 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_offload_gpu import last
 
 import vedart as veda
 
 pytestmark = pytest.mark.gpu
-
-
-def last(func: Any) -> tuple[str, str]:
-    name = f"{func.__module__}.{func.__qualname__}"
-    decision = veda.get_runtime().telemetry.function(name).last_decision()
-    assert decision is not None
-    return decision
 
 
 def rng(seed: int) -> np.random.Generator:

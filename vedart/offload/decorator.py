@@ -541,10 +541,14 @@ class PlannedCall:
             raise OffloadError(f"{offload.name}: GPU execution failed on device "
                                f"{decision.device} ({summary}); {why}") from error
         reason = f"GPU failed ({summary}); re-ran on CPU"
+        kind, remember = type(error).__name__, not depends_on_the_moment(error)
+        # The failed attempt's frames hold its device and staged inputs; an exception of the
+        # re-run would keep them alive through this frame.
+        error.__traceback__ = None
         result = offload.run_on_cpu(self._plan, "fallback", reason, self.args, self.kwargs)
         # The CPU ran what the GPU could not: warn, and send this signature to the CPU.
-        _warn_once.warn(offload.name, type(error).__name__, f"{offload.name}: {reason}")
-        if not self.facts.device_ordinals and not depends_on_the_moment(error):
+        _warn_once.warn(offload.name, kind, f"{offload.name}: {reason}")
+        if remember and not self.facts.device_ordinals:
             offload.gpu_failures[self.facts.signature] = summary
         # A failed GPU attempt costs its time plus the re-run: learn it as the GPU's time.
         offload.learn(self._runtime, decision, self.facts,
