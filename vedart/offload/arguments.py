@@ -73,7 +73,7 @@ def iter_arrays(value: Any, array_type: type, depth: int) -> Iterator[Any]:
 
 
 def is_record(value: Any) -> bool:
-    """Whether ``value`` is a dataclass instance or a ``types.SimpleNamespace``: objects made
+    """Whether ``value`` is a dataclass object or a ``types.SimpleNamespace``: objects made
     to hold named values, which results are converted inside."""
     return type(value) is types.SimpleNamespace or \
         (dataclasses.is_dataclass(value) and not isinstance(value, type))
@@ -90,7 +90,7 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
                depth: int, *, records: bool = False) -> Any:
     """``value`` with every ``array_type`` instance replaced by ``convert(instance)``, opening at
     most ``depth`` levels of lists, tuples, namedtuples and dicts (and, with ``records``,
-    dataclass instances and SimpleNamespaces, rebuilt as a shallow copy with the converted
+    dataclass objects and SimpleNamespaces, rebuilt as a shallow copy with the converted
     fields set); other values are kept as they are (containers without arrays are returned as
     the same object)."""
     if isinstance(value, array_type):

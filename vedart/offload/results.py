@@ -12,7 +12,7 @@
   :func:`recording_made_arrays`).
 - Integer results carry NumPy's own type for their dtype (``numpy.int64``; CuPy's
   ``argmax`` gives ``numpy.longlong`` dtypes).
-- Tuples, lists, dicts, namedtuples, dataclass instances and SimpleNamespaces are rebuilt around
+- Tuples, lists, dicts, namedtuples, dataclass objects and SimpleNamespaces are rebuilt around
   converted items (a shallow copy with converted fields); every other value is returned
   unchanged, and :func:`unconverted_paths` names the device arrays left inside it.
 """
