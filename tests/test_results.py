@@ -50,6 +50,9 @@ def test_made_zero_d_arrays_stay_arrays_and_reductions_become_scalars() -> None:
     assert type(host[0]) is np.ndarray and host[0].shape == () and host[0] == 2.5
     assert type(host[1]) is np.float64 and host[1] == 7.0
     assert type(host[2]) is np.ndarray
+    alone, moved = results_to_host(made_0d, FakeDeviceArray, made_arrays=[made_0d])
+    assert type(alone) is np.ndarray and alone.shape == () and moved == 8
+    assert type(results_to_host(summed, FakeDeviceArray)[0]) is np.float64
 
 
 def test_array_makers_inside_the_function_are_recorded() -> None:

@@ -165,12 +165,16 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
     the bytes moved. ``made_arrays``: 0-d device arrays that stay arrays; ``writes``: the
     ``writes=`` arguments, ``id(device array) -> (device array, caller's array)``, whose data
     the caller's arrays receive after this (views of them are made now, filled then)."""
+    writes = writes or {}
+    if type(value) is device_type and id(value) not in writes:  # the common case, one array
+        host = _copy_to_host(value)
+        made = host.ndim == 0 and any(value is array for array in made_arrays)
+        return (host[()] if host.ndim == 0 and not made else host), value.nbytes
     found: dict[int, Any] = {}
     map_arrays(value, device_type, lambda array: found.setdefault(id(array), array),
                RESULT_DEPTH, records=True)
     if not found:
         return value, 0
-    writes = writes or {}
     hosts, moved = _hosts(list(found.values()), device_type, writes)
     kept = {id(array) for array in made_arrays} | writes.keys()
 
