@@ -58,12 +58,13 @@ def test_made_zero_d_arrays_stay_arrays_and_reductions_become_scalars() -> None:
 def test_array_makers_inside_the_function_are_recorded() -> None:
     def zero_d(x: np.ndarray) -> tuple[Any, ...]:
         return (np.array(x.sum()), np.zeros(()), np.asarray(x[0]), np.full((), 3.0),
-                np.copy(x.max()), x.sum(), np.ones(3))
+                np.copy(x.max()), np.where(x[0] > 0.5, x[0], x[1]), np.reshape(x[:1], ()),
+                np.reshape(x.sum(), ()), x.sum(), np.ones(3))
 
     x = rng().random(4)
     with recording_made_arrays() as made:
         result = device_clone(zero_d, IDENTITY)(x)
-    assert [id(value) for value in made] == [id(value) for value in result[:5]]
+    assert [id(value) for value in made] == [id(value) for value in result[:7]]
     assert [type(value) for value in result] == [type(value) for value in zero_d(x)]
 
 

@@ -7,9 +7,10 @@
   one is a view of the caller's array when both sides have the same layout.
 - 0-d CuPy arrays (CuPy's reductions return them where NumPy returns scalars) become the NumPy
   scalar (``x.sum()`` -> ``numpy.float64``), except those NumPy also returns as 0-d arrays: a
-  0-d argument, or an array made by one of the NumPy functions in ``ARRAY_MAKERS``
-  (``np.array(2.0)``, ``np.zeros(())``), recorded while the function ran (see
-  :func:`recording_made_arrays`).
+  0-d argument, an array made by one of the NumPy functions in ``ARRAY_MAKERS``
+  (``np.array(2.0)``, ``np.zeros(())``, ``np.where(c, a, b)``), and the result of one in
+  ``ARRAY_KEEPERS`` (``np.reshape(m, ())``) given an array (not a 0-d array NumPy would have
+  had as a scalar), recorded while the function ran (see :func:`recording_made_arrays`).
 - Integer results carry NumPy's own type for their dtype (``numpy.int64``; CuPy's
   ``argmax`` gives ``numpy.longlong`` dtypes).
 - Tuples, lists, dicts, namedtuples, dataclass objects and SimpleNamespaces are rebuilt around
@@ -35,7 +36,11 @@ RESULT_DEPTH = 8
 # NumPy functions whose 0-d results NumPy returns as 0-d arrays, not scalars.
 ARRAY_MAKERS = frozenset({
     "array", "asarray", "asanyarray", "ascontiguousarray", "asfortranarray", "copy", "zeros",
-    "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like"})
+    "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like", "where",
+    "broadcast_to"})
+# NumPy functions whose 0-d result is a 0-d array when their first argument is an array, and a
+# scalar when it is a scalar (``np.reshape(x.sum(), ())``).
+ARRAY_KEEPERS = frozenset({"transpose", "reshape", "squeeze", "real", "imag", "moveaxis"})
 # How far and how much unconverted_paths looks into what results_to_host leaves alone.
 _UNCONVERTED_DEPTH = 16
 _UNCONVERTED_VISITS = 10_000
@@ -61,6 +66,15 @@ def note_made_array(value: Any) -> Any:
     if made is not None and getattr(value, "ndim", None) == 0:
         made.append(value)
     return value
+
+
+def is_array_to_numpy(value: Any) -> bool:
+    """Whether NumPy would have ``value`` as an array rather than a scalar: anything but a
+    0-d array that is not a made array (while a recording is active), or a NumPy scalar."""
+    if getattr(value, "ndim", None) != 0:
+        return True
+    made = _made_arrays.get()
+    return made is not None and any(value is array for array in made)
 
 
 _CANONICAL: dict[np.dtype[Any], np.dtype[Any]] = {}

@@ -33,7 +33,12 @@ from typing import Any
 
 import numpy
 
-from vedart.offload.results import ARRAY_MAKERS, note_made_array
+from vedart.offload.results import (
+    ARRAY_KEEPERS,
+    ARRAY_MAKERS,
+    is_array_to_numpy,
+    note_made_array,
+)
 
 # Host package -> the package that holds its device twins (``scipy.ndimage`` -> ``cupyx.scipy.ndimage``).
 DEVICE_PACKAGES: dict[str, str] = {"numpy": "cupy", "scipy": "cupyx.scipy"}
@@ -159,6 +164,13 @@ def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
             return note_made_array(device_function(*args, **kwargs))
 
         return making
+    if host_module == "numpy" and name in ARRAY_KEEPERS:
+        @functools.wraps(device_function)
+        def keeping(*args: Any, **kwargs: Any) -> Any:
+            result = device_function(*args, **kwargs)
+            return note_made_array(result) if args and is_array_to_numpy(args[0]) else result
+
+        return keeping
     if host_module == "numpy" and name == "histogram":
         @functools.wraps(device_function)
         def histogram(a: Any, *args: Any, **kwargs: Any) -> Any:
