@@ -198,6 +198,10 @@ def test_any_exception_raised_inside_cupys_code_is_a_gpu_failure(filename: str) 
         exec(compile("raise OverflowError('Python integer -5 out of bounds for uint8')",
                      filename, "exec"))
     assert is_gpu_failure(inside_cupy.value)
+    calls_numpy = compile("import numpy\nnumpy.uint8(-5)", filename, "exec")
+    with pytest.raises(OverflowError) as through_cupy:  # NumPy raises, called by CuPy
+        exec(calls_numpy)
+    assert is_gpu_failure(through_cupy.value)
     with pytest.raises(OverflowError) as users_own:
         raise OverflowError("Python integer -5 out of bounds for uint8")
     assert not is_gpu_failure(users_own.value)

@@ -7,7 +7,7 @@ it is.
 
 GPU-specific: exceptions whose class is defined by CuPy (out of memory, CUDA driver/runtime
 errors, cuBLAS/cuSOLVER errors, NVRTC compile errors); any exception raised inside CuPy's own
-code (``OverflowError`` for ``np.clip(uint8_array, -5, 5)``); ``TypeError`` /
+code or passed through it (``OverflowError`` for ``np.clip(uint8_array, -5, 5)``); ``TypeError`` /
 ``NotImplementedError`` / ``AttributeError`` raised by NumPy's dispatch when CuPy has no
 implementation or refuses an implicit conversion; an ``AttributeError`` for an attribute a CuPy
 object lacks (``ndarray.resize``); and CuPy's ``ValueError`` for a dtype it cannot hold (string
@@ -39,11 +39,12 @@ def is_gpu_failure(error: BaseException) -> bool:
     """Whether ``error``, raised on the GPU path, is the GPU's fault rather than the user's."""
     if type(error).__module__.startswith(_GPU_PACKAGES):
         return True
-    frames = traceback.extract_tb(error.__traceback__)
-    # Compiled CuPy code names its frames by relative path ("cupy/_core/core.pyx").
-    where = "/" + frames[-1].filename.replace("\\", "/") if frames else ""
-    if any(part in where for part in _GPU_PATH_PARTS):
-        return True
+    # Raised in or through CuPy's code (it may call NumPy, which raises); compiled CuPy code
+    # names its frames by relative path ("cupy/_core/core.pyx").
+    for frame in traceback.extract_tb(error.__traceback__):
+        where = "/" + frame.filename.replace("\\", "/")
+        if any(part in where for part in _GPU_PATH_PARTS):
+            return True
     if isinstance(error, ValueError):
         return str(error).startswith(_UNSUPPORTED_DTYPE_TEXT)
     if not isinstance(error, _RAISED_BY_LIBRARY):
