@@ -8,7 +8,7 @@ import inspect
 import pickle
 import threading
 import warnings
-from collections import OrderedDict, defaultdict, namedtuple
+from collections import OrderedDict, defaultdict
 from typing import Any
 
 import numpy as np
