@@ -214,3 +214,24 @@ def test_histogram_of_integers_is_counted_on_float64_samples(
     device_clone(counts, permissive)(np.arange(5, dtype=np.float32))
     assert sys.modules["permissive_numpy"].seen == [  # type: ignore[attr-defined]
         ("histogram", np.dtype(np.float64)), ("histogram", np.dtype(np.float32))]
+
+
+def inverse(m: np.ndarray) -> Any:
+    return np.linalg.inv(m)
+
+
+def test_cupy_linalg_runs_raising_what_cusolver_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NumPy raises LinAlgError for a singular matrix; CuPy only when told to."""
+    cupy = pytest.importorskip("cupy")
+    import cupyx
+
+    modes: list[str] = []
+
+    def recording_inv(m: Any) -> Any:
+        modes.append(cupyx._ufunc_config.get_config_linalg())
+        return m
+
+    monkeypatch.setattr(cupy.linalg, "inv", recording_inv)
+    device_clone(inverse, ModuleMapper({"numpy": "cupy"}))(np.eye(2))
+    assert modes == ["raise"]
+    assert cupyx._ufunc_config.get_config_linalg() == "ignore"  # only inside the call

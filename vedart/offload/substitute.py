@@ -17,8 +17,9 @@ Rules a user can rely on:
 - A function that assigns or deletes module globals (``global x; x = ...``) is not cloned; it
   runs with dispatch only, so its assignments reach the real module.
 - Some device functions are adjusted to answer as NumPy's do (:func:`_as_numpy_does`): named
-  tuples from ``numpy.linalg``, 0-d arrays from array makers, NumPy's own exception where CuPy
-  accepts a dtype NumPy rejects, ``np.histogram`` of integers counted as NumPy counts them.
+  tuples from ``numpy.linalg``, CuPy's linear algebra raising what cuSOLVER reports (a singular
+  matrix), 0-d arrays from array makers, NumPy's own exception where CuPy accepts a dtype NumPy
+  rejects, ``np.histogram`` of integers counted as NumPy counts them.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ class DeviceNamespace:
                     raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
                 value = host_value
             else:
-                value = _as_numpy_does(value, host_value, self.__name__, name)
+                value = _as_numpy_does(value, host_value, self.__name__, name,
+                                       self.__device.__name__)
         setattr(self, name, value)  # cache: the next lookup is a plain attribute read
         return value
 
@@ -153,9 +155,9 @@ _NUMPY_REJECTS: dict[str, dict[str, str]] = {
 
 
 def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
-                   name: str) -> Any:
-    """``device_function`` (the device twin of ``host_module.name``), adjusted where CuPy's
-    answer would differ from NumPy's; other attributes pass through."""
+                   name: str, device_module: str) -> Any:
+    """``device_function`` (the device twin of ``host_module.name``, from ``device_module``),
+    adjusted where CuPy's answer would differ from NumPy's; other attributes pass through."""
     if not callable(device_function):
         return device_function
     if host_module == "numpy" and name in ARRAY_MAKERS:
@@ -182,6 +184,8 @@ def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
 
         return histogram
     adjusted = _with_numpys_result_type(device_function, host_module, name)
+    if device_module == "cupy.linalg":
+        adjusted = _raising_linalg_errors(adjusted)
     rejected = _NUMPY_REJECTS.get(host_module, {}).get(name)
     if rejected is None or not callable(host_function):
         return adjusted
@@ -194,6 +198,21 @@ def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
         return adjusted(*args, **kwargs)
 
     return checked
+
+
+def _raising_linalg_errors(device_function: Any) -> Any:
+    """``device_function`` run with CuPy told to raise what cuSOLVER and cuBLAS report (a
+    singular matrix to ``inv`` or ``solve``, a matrix ``cholesky`` cannot factor), as NumPy
+    raises ``LinAlgError``; by default CuPy returns what the routine left (each check waits for
+    the device)."""
+    import cupyx
+
+    @functools.wraps(device_function)
+    def raising(*args: Any, **kwargs: Any) -> Any:
+        with cupyx.errstate(linalg="raise"):
+            return device_function(*args, **kwargs)
+
+    return raising
 
 
 def _stand_in(value: Any) -> Any:
