@@ -35,9 +35,8 @@ from vedart.offload.arguments import is_record, map_arrays, record_fields
 RESULT_DEPTH = 8
 # NumPy functions whose 0-d results NumPy returns as 0-d arrays, not scalars.
 ARRAY_MAKERS = frozenset({
-    "array", "asarray", "asanyarray", "ascontiguousarray", "asfortranarray", "copy", "zeros",
-    "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like", "where",
-    "broadcast_to"})
+    "array", "asarray", "asanyarray", "copy", "zeros", "ones", "empty", "full", "zeros_like",
+    "ones_like", "empty_like", "full_like", "where", "broadcast_to"})
 # NumPy functions whose 0-d result is a 0-d array when their first argument is an array, and a
 # scalar when it is a scalar (``np.reshape(x.sum(), ())``).
 ARRAY_KEEPERS = frozenset({"transpose", "reshape", "squeeze", "real", "imag", "moveaxis"})
