@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from vedart.gpu.devices import CudaProbe, DeviceInfo, Discovery
 
 GIB = 10**9
@@ -48,3 +52,43 @@ def gpu_unavailable_reason() -> str | None:
         return probe.discover().unavailable_reason
     finally:
         probe.close()
+
+
+class FakePointer:
+    """A device address as CuPy's ``MemoryPointer`` has it: ``ptr``, and ``+ offset``."""
+
+    def __init__(self, owner: np.ndarray, ptr: int) -> None:
+        self.owner = owner  # the C-contiguous array that owns the memory
+        self.ptr = ptr
+
+    def __add__(self, offset: int) -> FakePointer:
+        return FakePointer(self.owner, self.ptr + offset)
+
+
+class FakeDeviceArray(np.ndarray):
+    """Host memory standing in for a CuPy array where results come back: views share memory
+    as CuPy's do, ``data.ptr`` is the first element's address, ``get()`` copies to a NumPy
+    array, and ``FakeDeviceArray(shape, dtype=, memptr=)`` makes an array at an address."""
+
+    def __new__(cls, shape: tuple[int, ...], dtype: Any = float,
+                memptr: FakePointer | None = None) -> FakeDeviceArray:
+        if memptr is None:
+            return np.ndarray.__new__(cls, shape, dtype)
+        raw = memptr.owner.reshape(-1).view(np.uint8)
+        return np.ndarray.__new__(cls, shape, dtype, buffer=raw,
+                                  offset=memptr.ptr - memptr.owner.ctypes.data)
+
+    @staticmethod
+    def of(host: np.ndarray) -> FakeDeviceArray:
+        """A device copy of ``host`` (C order)."""
+        return np.array(host, order="C", copy=True).view(FakeDeviceArray)
+
+    @property
+    def data(self) -> FakePointer:  # type: ignore[override]
+        owner: np.ndarray = self
+        while isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        return FakePointer(owner, self.__array_interface__["data"][0])
+
+    def get(self) -> np.ndarray:
+        return np.array(self.view(np.ndarray), copy=True, order="K")

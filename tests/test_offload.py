@@ -8,7 +8,7 @@ import inspect
 import pickle
 import threading
 import warnings
-from collections import OrderedDict, defaultdict, namedtuple
+from collections import OrderedDict, defaultdict
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,6 @@ from fakes import GIB, FakeProbe
 import vedart as veda
 from vedart.offload.arguments import ON_DEVICE, host_bytes, map_arrays, scan
 from vedart.offload.failures import is_gpu_failure
-from vedart.offload.results import results_to_host
 
 
 @veda.gpu
@@ -430,36 +429,6 @@ def test_a_writes_argument_sharing_memory_with_another_keeps_the_call_on_cpu() -
     expected = a.sum() * 2
     assert scale(a, a) == pytest.approx(expected)  # on the CPU, as NumPy does it
     assert scale.explain(a, a).path == "cpu"
-
-
-class FakeDeviceArray:
-    def __init__(self, host: np.ndarray) -> None:
-        self.host = host
-        self.nbytes = host.nbytes
-
-    def get(self) -> np.ndarray:
-        return self.host.copy()
-
-
-def test_results_to_host_types() -> None:
-    Pair = namedtuple("Pair", "first second")
-    value = {
-        "scalar": FakeDeviceArray(np.array(2.5)),
-        "array": FakeDeviceArray(np.arange(3)),
-        "nested": [Pair(FakeDeviceArray(np.array(1, dtype=np.int32)), "text")],
-        "plain": 7,
-    }
-    host, moved = results_to_host(value, FakeDeviceArray)
-    assert moved == 8 + 3 * np.arange(3).itemsize + 4
-    assert type(host["scalar"]) is np.float64 and host["scalar"] == 2.5
-    assert type(host["array"]) is np.ndarray
-    assert type(host["nested"][0]) is Pair and type(host["nested"][0].first) is np.int32
-    assert host["nested"][0].second == "text" and host["plain"] == 7
-
-
-def test_to_host_without_cupy_arrays_returns_the_value() -> None:
-    value = (np.ones(2), 3)
-    assert veda.to_host(value) is value
 
 
 # --- telemetry ------------------------------------------------------------------------------

@@ -141,3 +141,97 @@ def test_clone_keeps_identity_metadata() -> None:
     clone = device_clone(sm.with_defaults, IDENTITY)
     assert clone.__name__ == "with_defaults" and clone.__qualname__ == "with_defaults"
     assert clone.__kwdefaults__ == {"extra": 0.5} and clone.__defaults__ == (1.5,)
+
+
+def rounded(x: np.ndarray) -> Any:
+    return np.round(x, 1)
+
+
+def median_of(x: np.ndarray) -> Any:
+    return np.percentile(x, 50)
+
+
+def eigenvalues(m: np.ndarray) -> Any:
+    return np.linalg.eigh(m).eigenvalues
+
+
+def half_spectrum(x: np.ndarray) -> Any:
+    return np.fft.rfft2(x)
+
+
+def counts(x: np.ndarray) -> Any:
+    return np.histogram(x, bins=8)
+
+
+@pytest.fixture
+def permissive(monkeypatch: pytest.MonkeyPatch) -> ModuleMapper:
+    """A device package that computes whatever it is given (as CuPy does for these) and
+    records the dtypes it was called with."""
+    seen: list[tuple[str, np.dtype[Any]]] = []
+
+    def accepting(name: str) -> Any:
+        def compute(x: Any, *args: Any, **kwargs: Any) -> str:
+            seen.append((name, x.dtype))
+            return f"{name} computed"
+        return compute
+
+    device = types.ModuleType("permissive_numpy")
+    linalg, fft = types.ModuleType("permissive_numpy.linalg"), types.ModuleType(
+        "permissive_numpy.fft")
+    device.round, device.percentile, device.histogram = (  # type: ignore[attr-defined]
+        accepting("round"), accepting("percentile"), accepting("histogram"))
+    linalg.eigh = lambda m: (accepting("eigh")(m), None)  # type: ignore[attr-defined]
+    fft.rfft2 = accepting("rfft2")  # type: ignore[attr-defined]
+    device.linalg, device.fft, device.seen = linalg, fft, seen  # type: ignore[attr-defined]
+    for module in (device, linalg, fft):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    return ModuleMapper({"numpy": "permissive_numpy"})
+
+
+@pytest.mark.parametrize(("func", "rejected", "accepted"), [
+    (rounded, np.array([True, False]), np.array([0.25, 1.5])),
+    (median_of, np.array([True, False, True]), np.array([3, 1, 2], dtype=np.int8)),
+    (eigenvalues, np.eye(2, dtype=np.float16), np.eye(2, dtype=np.float32)),
+    (half_spectrum, np.ones((2, 2), dtype=np.complex64), np.ones((2, 2), dtype=np.float32)),
+])
+def test_dtypes_numpy_rejects_raise_numpys_own_error_before_device_work(
+        permissive: ModuleMapper, func: Any, rejected: np.ndarray, accepted: np.ndarray) -> None:
+    with pytest.raises(Exception) as on_numpy:
+        func(rejected)
+    with pytest.raises(type(on_numpy.value)) as on_device:
+        device_clone(func, permissive)(rejected)
+    assert str(on_device.value) == str(on_numpy.value)
+    seen = sys.modules["permissive_numpy"].seen  # type: ignore[attr-defined]
+    assert seen == []
+    device_clone(func, permissive)(accepted)
+    assert [dtype for _, dtype in seen] == [accepted.dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int64, np.bool_])
+def test_histogram_of_integers_is_counted_on_float64_samples(
+        permissive: ModuleMapper, dtype: Any) -> None:
+    device_clone(counts, permissive)(np.arange(5).astype(dtype))
+    device_clone(counts, permissive)(np.arange(5, dtype=np.float32))
+    assert sys.modules["permissive_numpy"].seen == [  # type: ignore[attr-defined]
+        ("histogram", np.dtype(np.float64)), ("histogram", np.dtype(np.float32))]
+
+
+def inverse(m: np.ndarray) -> Any:
+    return np.linalg.inv(m)
+
+
+def test_cupy_linalg_runs_raising_what_cusolver_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NumPy raises LinAlgError for a singular matrix; CuPy only when told to."""
+    cupy = pytest.importorskip("cupy")
+    import cupyx
+
+    modes: list[str] = []
+
+    def recording_inv(m: Any) -> Any:
+        modes.append(cupyx._ufunc_config.get_config_linalg())
+        return m
+
+    monkeypatch.setattr(cupy.linalg, "inv", recording_inv)
+    device_clone(inverse, ModuleMapper({"numpy": "cupy"}))(np.eye(2))
+    assert modes == ["raise"]
+    assert cupyx._ufunc_config.get_config_linalg() == "ignore"  # only inside the call

@@ -215,7 +215,7 @@ def test_input_larger_than_free_device_memory_runs_on_cpu() -> None:
                                       reason), reason
 
 
-def test_user_exceptions_propagate_and_are_not_rerun() -> None:
+def test_user_exceptions_rerun_on_the_cpu_and_raise_as_they_would_there() -> None:
     calls = []
 
     @veda.gpu(force="gpu")
@@ -225,9 +225,10 @@ def test_user_exceptions_propagate_and_are_not_rerun() -> None:
             raise ValueError("need three rows")
         return x
 
-    with pytest.raises(ValueError, match="need three rows"):
+    with pytest.raises(ValueError, match="need three rows") as caught:
         checked(np.random.default_rng().random((4, 2)))
-    assert calls == ["cupy"]
+    assert calls == ["cupy", "numpy"]
+    assert caught.value.__context__ is None
 
 
 def test_writes_are_copied_back_and_undeclared_writes_are_not() -> None:

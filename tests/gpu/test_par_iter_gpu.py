@@ -147,8 +147,12 @@ def test_lane_items_fall_back_raise_and_release_their_staging(
     assert_same(values, [median_of_rows(M) for M in mats])
     stats = gpu_runtime.telemetry.function(
         f"{__name__}.{median_of_rows.__qualname__}").as_dict()
-    assert stats["fallback_calls"] == 6 and stats["gpu_calls"] == 0
-    assert "re-ran on CPU" in stats["last_reason"]
+    # Once an item has failed on the GPU and re-run on the CPU, later items of that signature
+    # are decided for the CPU (items decided before that still try the GPU).
+    assert stats["gpu_calls"] == 0 and stats["fallback_calls"] >= 1
+    assert stats["fallback_calls"] + stats["cpu_calls"] == 6
+    assert "re-ran on CPU" in stats["last_reason"] or stats["last_reason"].startswith(
+        "GPU failed before for arguments <f4:2 (")
 
     def fail_on_item_two(M: Any) -> Any:
         if float(M[0, 0]) == float(mats[2][0, 0]):

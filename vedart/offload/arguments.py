@@ -12,8 +12,10 @@ because they often size the work (``monte_carlo_pi(n)``): the adaptive model lea
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import operator
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -74,17 +76,45 @@ def iter_arrays(value: Any, array_type: type, depth: int) -> Iterator[Any]:
             yield from iter_arrays(item, array_type, depth - 1)
 
 
+def is_record(value: Any) -> bool:
+    """Whether ``value`` is a dataclass object or a ``types.SimpleNamespace``: objects made
+    to hold named values, which results are converted inside."""
+    return type(value) is types.SimpleNamespace or \
+        (dataclasses.is_dataclass(value) and not isinstance(value, type))
+
+
+def record_fields(record: Any) -> dict[str, Any]:
+    """The named values of a record (see :func:`is_record`)."""
+    if type(record) is types.SimpleNamespace:
+        return dict(vars(record))
+    return {item.name: getattr(record, item.name) for item in dataclasses.fields(record)}
+
+
 def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
-               depth: int) -> Any:
+               depth: int, *, records: bool = False) -> Any:
     """``value`` with every ``array_type`` instance replaced by ``convert(instance)``, opening at
-    most ``depth`` levels of lists, tuples, namedtuples and dicts; other values are kept as they are
-    (containers without arrays are returned as the same object)."""
+    most ``depth`` levels of lists, tuples, namedtuples and dicts (and, with ``records``,
+    dataclass objects and SimpleNamespaces, rebuilt as a shallow copy with the converted
+    fields set); other values are kept as they are (containers without arrays are returned as
+    the same object)."""
     if isinstance(value, array_type):
         return convert(value)
-    if depth <= 0 or not isinstance(value, _CONTAINERS) or not value:
+    if depth <= 0:
+        return value
+    if records and is_record(value):
+        fields = record_fields(value)
+        converted_fields = {name: map_arrays(item, array_type, convert, depth - 1,
+                                             records=True) for name, item in fields.items()}
+        if all(map(operator.is_, converted_fields.values(), fields.values())):
+            return value
+        rebuilt = copy.copy(value)
+        for name, item in converted_fields.items():
+            object.__setattr__(rebuilt, name, item)  # a frozen dataclass too
+        return rebuilt
+    if not isinstance(value, _CONTAINERS) or not value:
         return value
     if type(value) is dict or isinstance(value, dict):
-        items = {key: map_arrays(item, array_type, convert, depth - 1)
+        items = {key: map_arrays(item, array_type, convert, depth - 1, records=records)
                  for key, item in value.items()}
         if all(map(operator.is_, items.values(), value.values())):
             return value
@@ -95,7 +125,8 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
         rebuilt = copy.copy(value)
         rebuilt.update(items)
         return rebuilt
-    converted = [map_arrays(item, array_type, convert, depth - 1) for item in value]
+    converted = [map_arrays(item, array_type, convert, depth - 1, records=records)
+                 for item in value]
     if all(map(operator.is_, converted, value)):
         return value
     if isinstance(value, list):

@@ -9,9 +9,12 @@ The path of one call:
 3. GPU: with device d current, copy host arrays to the device, run the substituted
    clone without waiting for the copies, synchronise, copy results (and ``writes=``
    arguments) back, record telemetry.
-4. A GPU-specific failure re-runs the function on the CPU with the caller's original arguments
-   (``fallback="cpu"``) or raises OffloadError (``fallback="raise"``). The user's own exceptions
-   propagate unchanged and are not re-run.
+4. An exception of any type on the GPU attempt re-runs the function on the CPU with the
+   caller's original arguments (``fallback="cpu"``): the caller gets the CPU's result or the
+   CPU's own exception, and once the CPU has succeeded where the GPU failed, later calls with
+   the same argument signature run on the CPU. ``fallback="raise"`` or
+   ``@gpu(idempotent=False)`` re-run nothing: a GPU-specific failure raises OffloadError, the
+   user's own exception propagates unchanged.
 """
 
 from __future__ import annotations
@@ -40,9 +43,19 @@ from vedart.offload.arguments import (
 )
 from vedart.offload.call_wrapper import build_wrapper
 from vedart.offload.cost import Decision, Forcing, decide
-from vedart.offload.failures import WarnOnce, failure_summary, is_gpu_failure
+from vedart.offload.failures import (
+    WarnOnce,
+    depends_on_the_moment,
+    failure_summary,
+    is_gpu_failure,
+)
 from vedart.offload.force import check_path, forced_path, preferred_device
-from vedart.offload.results import results_to_host
+from vedart.offload.results import (
+    note_made_array,
+    recording_made_arrays,
+    results_to_host,
+    unconverted_paths,
+)
 from vedart.offload.substitute import DEVICE_PACKAGES, ModuleMapper, device_clone
 from vedart.telemetry import CallRecord, FunctionStats
 
@@ -74,10 +87,11 @@ class OffloadOptions:
     fallback: str | None = None
     writes: tuple[str, ...] = ()
     returns: str = "host"
+    idempotent: bool = True
 
     @staticmethod
     def validated(device: Any, threshold: Any, force: Any, fallback: Any, writes: Any,
-                  returns: Any) -> OffloadOptions:
+                  returns: Any, idempotent: Any = True) -> OffloadOptions:
         if device is not None and (isinstance(device, bool) or not isinstance(device, int)
                                    or device < 0):
             raise ConfigError(f"device: got {device!r}; allowed: None or a CUDA ordinal >= 0")
@@ -90,8 +104,10 @@ class OffloadOptions:
             raise ConfigError(f"writes: got {writes!r}; allowed: a tuple of parameter names")
         if returns not in RETURNS:
             raise ConfigError(f"returns: got {returns!r}; allowed: 'host' or 'device'")
+        if not isinstance(idempotent, bool):
+            raise ConfigError(f"idempotent: got {idempotent!r}; allowed: True or False")
         return OffloadOptions(device, threshold, check_path("force", force), fallback,
-                              tuple(writes), returns)
+                              tuple(writes), returns, idempotent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +169,9 @@ class _Offload:
         self.plan = _Plan(runtime=_NEVER_CURRENT)
         self._clone: Callable[..., Any] | None = None
         self.positional_names = _positional_names(func)
+        # Argument signatures whose GPU attempt failed where the CPU re-run succeeded, with
+        # the failure: their calls go to the CPU unless forced.
+        self.gpu_failures: dict[str, str] = {}
         self._signature: inspect.Signature | None = None
         if options.writes:
             self._signature = inspect.signature(func)
@@ -272,6 +291,11 @@ class _Offload:
             forcing=forcing,
             size_rule=None if model is None else lambda: model.choose(
                 self.key, facts.signature, facts.host_bytes, peek=peek))
+        if decision.path == "gpu" and forcing is None and self.gpu_failures:
+            failure = self.gpu_failures.get(facts.signature)
+            if failure is not None:  # the model still learns the CPU time of what it chose
+                return Decision("cpu", f"GPU failed before for arguments {facts.signature} "
+                                       f"({failure}); the CPU ran them", model=decision.model)
         if decision.path == "gpu" and self._signature is not None:
             problem = self._writes_problem(args, kwargs)
             if problem is not None:
@@ -344,11 +368,13 @@ class _Offload:
                 return self.launch(device, args, kwargs)
         stream = cupy.cuda.get_current_stream()
         started = time.perf_counter()
-        device_args = map_arrays(args, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
-        device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload, CONTAINER_DEPTH + 1)
-        moved_in = time.perf_counter()
-        result = device_function(*device_args, **device_kwargs)
-        return _Launch(device, stream, device_args, device_kwargs, result, started, moved_in)
+        with recording_made_arrays() as made_arrays:  # 0-d arguments stay 0-d arrays
+            device_args = map_arrays(args, HOST_INPUTS, _upload_noted, CONTAINER_DEPTH + 1)
+            device_kwargs = map_arrays(kwargs, HOST_INPUTS, _upload_noted, CONTAINER_DEPTH + 1)
+            moved_in = time.perf_counter()
+            result = device_function(*device_args, **device_kwargs)
+        return _Launch(device, stream, device_args, device_kwargs, result, started, moved_in,
+                       made_arrays)
 
     def land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
@@ -362,13 +388,21 @@ class _Offload:
         computed = time.perf_counter()
         write_backs = self._fetch_writes(args, kwargs, launch.device_args,
                                          launch.device_kwargs)
-        bytes_to_host = sum(host.nbytes for _, host in write_backs)
+        bytes_to_host = sum(host.nbytes for _, _, host in write_backs)
         result = launch.result
         if self.options.returns == "host":
-            result, result_bytes = results_to_host(result, cupy.ndarray)
+            result, result_bytes = results_to_host(
+                result, cupy.ndarray, made_arrays=launch.made_arrays,
+                writes={id(device): (device, original) for original, device, _ in write_backs})
             bytes_to_host += result_bytes
+            unconverted = unconverted_paths(result, cupy.ndarray)
+            if unconverted:
+                _warn_once.warn(self.name, "unconverted", (
+                    f"{self.name}: returned device arrays vedart does not convert, handed back "
+                    f"as CuPy arrays: {', '.join(unconverted[:5])}; return them in a tuple, "
+                    "list, dict, dataclass or SimpleNamespace, or call veda.to_host"))
         finished = time.perf_counter()
-        for original, host in write_backs:  # only after everything else succeeded
+        for original, _, host in write_backs:  # only after everything else succeeded
             np.copyto(original, host)
         record = CallRecord(
             self.name, "gpu", reason, launch.device,
@@ -381,12 +415,18 @@ class _Offload:
 
     def _fetch_writes(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                       device_args: tuple[Any, ...], device_kwargs: dict[str, Any]
-                      ) -> list[tuple[np.ndarray, np.ndarray]]:
+                      ) -> list[tuple[np.ndarray, Any, np.ndarray]]:
+        """(caller's array, device array, host copy of the device array) per ``writes=``."""
         if self._signature is None:
             return []
         host_bound = self._signature.bind(*args, **kwargs).arguments
         device_bound = self._signature.bind(*device_args, **device_kwargs).arguments
-        return [(host_bound[name], to_host(device_bound[name])) for name in self.options.writes]
+        return [(host_bound[name], device_bound[name], to_host(device_bound[name]))
+                for name in self.options.writes]
+
+
+def _upload_noted(value: Staged | np.ndarray) -> Any:
+    return note_made_array(upload(value))
 
 
 @dataclass
@@ -401,6 +441,7 @@ class _Launch:
     result: Any
     started: float
     moved_in: float
+    made_arrays: list[Any]  # 0-d device arrays that come back as 0-d arrays
 
 
 class PlannedCall:
@@ -503,10 +544,11 @@ class PlannedCall:
         self._own_seconds += time.perf_counter() - started
 
     def land(self) -> Any:
-        """The launched call's result (see the class doc); the user's own exceptions propagate
-        unchanged."""
+        """The launched call's result (see the class doc, and :meth:`_recover` for a GPU
+        attempt that raised)."""
         offload, decision, runtime = self._offload, self.decision, self._runtime
         landing = time.perf_counter()
+        failure: Exception | None = None
         try:
             if self._failure is not None:
                 raise self._failure
@@ -514,27 +556,46 @@ class PlannedCall:
             result, record = offload.land(self._launch, decision.reason, self.facts.host_bytes,
                                           self.args, self.kwargs)
         except Exception as error:
-            if not is_gpu_failure(error):
-                raise
-            summary = failure_summary(error)
-            if self._fallback == "raise":
-                raise OffloadError(f"{offload.name}: GPU execution failed on device "
-                                   f"{decision.device} ({summary}); fallback='raise'") from error
-            reason = f"GPU failed ({summary}); re-ran on CPU"
-            _warn_once.warn(offload.name, error, f"{offload.name}: {reason}")
-            result = offload.run_on_cpu(self._plan, "fallback", reason, self.args, self.kwargs)
-            # A failed GPU attempt costs its time plus the re-run: learn it as the GPU's time.
-            offload.learn(runtime, decision, self.facts,
-                          self._own_seconds + time.perf_counter() - landing)
-            return result
+            failure = error
         finally:
             if self._failure is not None:
                 self._settle_uploads()
             self._inputs = self._launch = self._failure = None  # staged and device memory
+        if failure is not None:
+            return self._recover(failure, landing)
         offload.learn(runtime, decision, self.facts,
                       self._own_seconds + time.perf_counter() - landing)
         if self._plan.stats is not None:
             runtime.telemetry.record(record)
+        return result
+
+    def _recover(self, error: Exception, landing: float) -> Any:
+        """After the GPU attempt raised ``error``: re-run on the CPU (outside the handler, so a
+        CPU exception is raised as it would be without vedart, not chained to the GPU's);
+        with ``fallback="raise"`` or ``idempotent=False`` raise instead."""
+        offload, decision = self._offload, self.decision
+        summary = failure_summary(error)
+        if self._fallback == "raise" or not offload.options.idempotent:
+            if not is_gpu_failure(error):
+                raise error
+            why = ("fallback='raise'" if self._fallback == "raise" else
+                   "not re-run on the CPU: @gpu(idempotent=False) says the function must not "
+                   "run twice, and the failed attempt may have done part of its work")
+            raise OffloadError(f"{offload.name}: GPU execution failed on device "
+                               f"{decision.device} ({summary}); {why}") from error
+        reason = f"GPU failed ({summary}); re-ran on CPU"
+        kind, remember = type(error).__name__, not depends_on_the_moment(error)
+        # The failed attempt's frames hold its device and staged inputs; an exception of the
+        # re-run would keep them alive through this frame.
+        error.__traceback__ = None
+        result = offload.run_on_cpu(self._plan, "fallback", reason, self.args, self.kwargs)
+        # The CPU ran what the GPU could not: warn, and send this signature to the CPU.
+        _warn_once.warn(offload.name, kind, f"{offload.name}: {reason}")
+        if remember and not self.facts.device_ordinals:
+            offload.gpu_failures[self.facts.signature] = summary
+        # A failed GPU attempt costs its time plus the re-run: learn it as the GPU's time.
+        offload.learn(self._runtime, decision, self.facts,
+                      self._own_seconds + time.perf_counter() - landing)
         return result
 
     def _settle_uploads(self) -> None:
@@ -578,13 +639,13 @@ def gpu(func: F, /) -> F: ...
 @overload
 def gpu(*, device: int | None = None, threshold: int | str | None = None,
         force: str | None = None, fallback: str | None = None, writes: Iterable[str] = (),
-        returns: str = "host") -> Callable[[F], F]: ...
+        returns: str = "host", idempotent: bool = True) -> Callable[[F], F]: ...
 
 
 def gpu(func: Callable[..., Any] | None = None, /, *, device: int | None = None,
         threshold: int | str | None = None, force: str | None = None,
         fallback: str | None = None, writes: Iterable[str] = (),
-        returns: str = "host") -> Any:
+        returns: str = "host", idempotent: bool = True) -> Any:
     """Run ``func`` on the GPU when the cost model says it pays, else on the CPU as written.
 
     Options (validated at decoration; a bad value raises ConfigError naming the option):
@@ -596,12 +657,15 @@ def gpu(func: Callable[..., Any] | None = None, /, *, device: int | None = None,
       writes: names of array parameters the function modifies in place; after a GPU run they
         are copied back into the caller's arrays (other in-place writes are not propagated).
       returns: "host" (NumPy results) or "device" (CuPy arrays kept on the device).
+      idempotent: False for a function that must not run twice (it appends to a file, sends a
+        message): a GPU failure then raises OffloadError instead of re-running on the CPU.
 
     The wrapper keeps the function's name, docstring, signature and ``__wrapped__``; binds as a
     method; is safe to call from many threads; pickles by reference; and has
     ``explain(*args, **kwargs)`` returning the Decision a call would get.
     """
-    options = OffloadOptions.validated(device, threshold, force, fallback, writes, returns)
+    options = OffloadOptions.validated(device, threshold, force, fallback, writes, returns,
+                                       idempotent)
     if func is None:
         return lambda inner: _wrap(inner, options)
     return _wrap(func, options)

@@ -1,12 +1,17 @@
 """Telling GPU-specific failures from the user's own exceptions, and warning once about each.
 
-GPU-specific (the call is re-run on the CPU under ``fallback="cpu"``): exceptions whose class is
-defined by CuPy (out of memory, CUDA driver/runtime errors, cuBLAS/cuSOLVER errors, NVRTC
-compile errors); ``TypeError`` / ``NotImplementedError`` / ``AttributeError`` raised inside
-CuPy or by NumPy's dispatch when CuPy has no implementation or refuses an implicit conversion;
-an ``AttributeError`` for an attribute a CuPy object lacks (``ndarray.resize``); and CuPy's
-``ValueError`` for a dtype it cannot hold (string arrays). Everything else is the user's
-exception and propagates unchanged.
+Under ``fallback="cpu"`` every exception of a GPU attempt re-runs the call on the CPU; this
+classification matters where no re-run happens (``fallback="raise"``, ``idempotent=False``):
+a GPU-specific failure then raises ``OffloadError``, the user's own exception propagates as
+it is.
+
+GPU-specific: exceptions whose class is defined by CuPy (out of memory, CUDA driver/runtime
+errors, cuBLAS/cuSOLVER errors, NVRTC compile errors); any exception raised inside CuPy's own
+code or passed through it (``OverflowError`` for ``np.clip(uint8_array, -5, 5)``); ``TypeError`` /
+``NotImplementedError`` / ``AttributeError`` raised by NumPy's dispatch when CuPy has no
+implementation or refuses an implicit conversion; an ``AttributeError`` for an attribute a CuPy
+object lacks (``ndarray.resize``); and CuPy's ``ValueError`` for a dtype it cannot hold (string
+arrays). Everything else is the user's exception.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from vedart._logging import logger
 from vedart.errors import OffloadWarning
 
 _GPU_PACKAGES = ("cupy", "cupyx", "cupy_backends", "numba.cuda")
-_GPU_PATH_PARTS = ("/cupy/", "/cupyx/", "/cupy_backends/", "\\cupy\\", "\\cupyx\\")
+_GPU_PATH_PARTS = ("/cupy/", "/cupyx/", "/cupy_backends/")
 _MISSING_IMPLEMENTATION_TEXT = (
     "no implementation found for",            # NumPy __array_function__ dispatch
     "returned NotImplemented from __array_ufunc__",  # a ufunc CuPy lacks (np.spacing)
@@ -34,6 +39,12 @@ def is_gpu_failure(error: BaseException) -> bool:
     """Whether ``error``, raised on the GPU path, is the GPU's fault rather than the user's."""
     if type(error).__module__.startswith(_GPU_PACKAGES):
         return True
+    # Raised in or through CuPy's code (it may call NumPy, which raises); compiled CuPy code
+    # names its frames by relative path ("cupy/_core/core.pyx").
+    for frame in traceback.extract_tb(error.__traceback__):
+        where = "/" + frame.filename.replace("\\", "/")
+        if any(part in where for part in _GPU_PATH_PARTS):
+            return True
     if isinstance(error, ValueError):
         return str(error).startswith(_UNSUPPORTED_DTYPE_TEXT)
     if not isinstance(error, _RAISED_BY_LIBRARY):
@@ -42,10 +53,18 @@ def is_gpu_failure(error: BaseException) -> bool:
     if isinstance(error, AttributeError) and type(error.obj).__module__.startswith(_GPU_PACKAGES):
         return True
     message = str(error)
-    if any(text in message for text in _MISSING_IMPLEMENTATION_TEXT):
-        return True
-    frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and any(part in frames[-1].filename for part in _GPU_PATH_PARTS)
+    return any(text in message for text in _MISSING_IMPLEMENTATION_TEXT)
+
+
+_DEVICE_STATE_ERRORS = ("OutOfMemoryError", "CUDARuntimeError", "CUDADriverError")
+
+
+def depends_on_the_moment(error: BaseException) -> bool:
+    """Whether ``error`` says more about the device's state (out of memory, a CUDA runtime or
+    driver error: no driver, a lost device) than about the call's arguments: such a failure is
+    not remembered for their signature (the adaptive model learns a failing device as slow)."""
+    return type(error).__name__ in _DEVICE_STATE_ERRORS and \
+        type(error).__module__.startswith(_GPU_PACKAGES)
 
 
 def failure_summary(error: BaseException) -> str:
@@ -56,14 +75,14 @@ def failure_summary(error: BaseException) -> str:
 
 class WarnOnce:
     """Warns (an :class:`OffloadWarning`, and on the ``vedart`` logger) the first time each
-    (function, kind of failure) is seen."""
+    (function, kind) is seen: a kind of failure is its exception's type name."""
 
     def __init__(self) -> None:
         self._seen: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
-    def warn(self, function: str, error: BaseException, message: str) -> None:
-        key = (function, type(error).__name__)
+    def warn(self, function: str, kind: str, message: str) -> None:
+        key = (function, kind)
         with self._lock:
             if key in self._seen:
                 return

@@ -1,34 +1,239 @@
-"""Device results to host types, as NumPy would have returned them.
+"""Device results to host objects, as NumPy would have returned them.
 
-CuPy arrays become NumPy arrays; 0-d CuPy arrays become the NumPy scalar NumPy returns for a
-reduction (``x.sum()`` -> ``numpy.float64``); tuples, lists, dicts and namedtuples are rebuilt
-around converted items; every other value is returned unchanged.
+- CuPy arrays become NumPy arrays. Arrays whose device memory overlaps (``return x, x[::2]``,
+  ``return a, a``) come back as views of one host copy of the overlapping range, so they share
+  memory on the host as they did on the device; the same array twice is the same host array.
+- A result that is a ``writes=`` argument (``return out``) is the caller's own array; a view of
+  one is a view of the caller's array when both sides have the same layout.
+- 0-d CuPy arrays (CuPy's reductions return them where NumPy returns scalars) become the NumPy
+  scalar (``x.sum()`` -> ``numpy.float64``), except those NumPy also returns as 0-d arrays: a
+  0-d argument, an array made by one of the NumPy functions in ``ARRAY_MAKERS``
+  (``np.array(2.0)``, ``np.zeros(())``, ``np.where(c, a, b)``), and the result of one in
+  ``ARRAY_KEEPERS`` (``np.reshape(m, ())``) given an array (not a 0-d array NumPy would have
+  had as a scalar), recorded while the function ran (see :func:`recording_made_arrays`).
+- Integer results carry NumPy's own type for their dtype (``numpy.int64``; CuPy's
+  ``argmax`` gives ``numpy.longlong`` dtypes).
+- Tuples, lists, dicts, namedtuples, dataclass objects and SimpleNamespaces are rebuilt around
+  converted items (a shallow copy with converted fields); every other value is returned
+  unchanged, and :func:`unconverted_paths` names the device arrays left inside it.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
+import numpy as np
+
 from vedart.gpu import transfer
-from vedart.offload.arguments import map_arrays
+from vedart.offload.arguments import is_record, map_arrays, record_fields
 
 # Results are walked deeper than arguments: functions return nested structures more often.
 RESULT_DEPTH = 8
+# NumPy functions whose 0-d results NumPy returns as 0-d arrays, not scalars.
+ARRAY_MAKERS = frozenset({
+    "array", "asarray", "asanyarray", "copy", "zeros", "ones", "empty", "full", "zeros_like",
+    "ones_like", "empty_like", "full_like", "where", "broadcast_to"})
+# NumPy functions whose 0-d result is a 0-d array when their first argument is an array, and a
+# scalar when it is a scalar (``np.reshape(x.sum(), ())``).
+ARRAY_KEEPERS = frozenset({"transpose", "reshape", "squeeze", "real", "imag", "moveaxis"})
+# How far and how much unconverted_paths looks into what results_to_host leaves alone.
+_UNCONVERTED_DEPTH = 16
+_UNCONVERTED_VISITS = 10_000
+
+_made_arrays: ContextVar[list[Any] | None] = ContextVar("vedart_made_arrays", default=None)
 
 
-def results_to_host(value: Any, device_type: type) -> tuple[Any, int]:
-    """``value`` with every ``device_type`` array converted as the module docstring says, and
-    the bytes of the arrays converted (one walk over the result)."""
+@contextmanager
+def recording_made_arrays() -> Iterator[list[Any]]:
+    """While active (on this thread or task), :func:`note_made_array` keeps the 0-d arrays it
+    sees in the yielded list: the 0-d results that stay arrays on the host."""
+    made: list[Any] = []
+    token = _made_arrays.set(made)
+    try:
+        yield made
+    finally:
+        _made_arrays.reset(token)
+
+
+def note_made_array(value: Any) -> Any:
+    """``value``, kept as a made array when it is 0-d and a recording is active."""
+    made = _made_arrays.get()
+    if made is not None and getattr(value, "ndim", None) == 0:
+        made.append(value)
+    return value
+
+
+def is_array_to_numpy(value: Any) -> bool:
+    """Whether NumPy would have ``value`` as an array rather than a scalar: anything but a
+    0-d array that is not a made array (while a recording is active), or a NumPy scalar."""
+    if getattr(value, "ndim", None) != 0:
+        return True
+    made = _made_arrays.get()
+    return made is not None and any(value is array for array in made)
+
+
+_CANONICAL: dict[np.dtype[Any], np.dtype[Any]] = {}
+
+
+def _numpys_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype NumPy gives its own results of this kind (``q`` -> ``l`` on Linux: the same
+    int64, but scalars of type ``numpy.int64`` rather than ``numpy.longlong``)."""
+    canonical = _CANONICAL.get(dtype)
+    if canonical is None:
+        canonical = np.dtype(dtype.str) if dtype.kind in "iu" else dtype
+        _CANONICAL[dtype] = canonical
+    return canonical
+
+
+def _span(array: Any) -> tuple[int, int]:
+    """The device addresses ``[low, high)`` that ``array``'s elements occupy."""
+    low = high = int(array.data.ptr)
+    for extent, stride in zip(array.shape, array.strides):
+        reach = (extent - 1) * stride
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    return low, high + array.itemsize
+
+
+def _view(array: Any, host_buffer: np.ndarray, offset: int) -> np.ndarray:
+    """A host array laid out as the device ``array``, whose first element sits ``offset``
+    bytes into the flat, contiguous ``host_buffer``."""
+    return np.ndarray(array.shape, _numpys_dtype(array.dtype), buffer=host_buffer,
+                      offset=offset, strides=array.strides)
+
+
+def _copy_to_host(array: Any) -> np.ndarray:
+    host = transfer.to_host(array)
+    canonical = _numpys_dtype(host.dtype)
+    return host if canonical is host.dtype else host.view(canonical)
+
+
+def _as_bytes(host: np.ndarray) -> np.ndarray | None:
+    """A flat uint8 view of a contiguous host array, or None when it is not contiguous."""
+    if not (host.flags.c_contiguous or host.flags.f_contiguous):
+        return None
+    return host.reshape(-1, order="A").view(np.uint8)
+
+
+def _hosts(arrays: Sequence[Any], device_type: type,
+           writes: Mapping[int, tuple[Any, np.ndarray]]) -> tuple[dict[int, np.ndarray], int]:
+    """Host arrays for the distinct device ``arrays`` (by id), and the bytes moved."""
+    hosts: dict[int, np.ndarray] = {}
+    anchors = []  # writes= arguments whose host and device bytes are laid out alike
+    for device, host in writes.values():
+        host_bytes = _as_bytes(host)
+        if host_bytes is not None and host.dtype == device.dtype and \
+                host.strides == device.strides and device.size:
+            anchors.append((_span(device), host_bytes))
+    pending = []
+    for array in arrays:
+        if id(array) in writes:
+            hosts[id(array)] = writes[id(array)][1]
+            continue
+        if array.size:
+            low, high = _span(array)
+            for (anchor_low, anchor_high), host_bytes in anchors:
+                if anchor_low <= low and high <= anchor_high:
+                    hosts[id(array)] = _view(array, host_bytes,
+                                             int(array.data.ptr) - anchor_low)
+                    break
+            else:
+                pending.append(((low, high), array))
+        else:
+            hosts[id(array)] = _copy_to_host(array)
     moved = 0
+    pending.sort(key=lambda item: item[0][0])
+    index = 0
+    while index < len(pending):  # groups of arrays whose spans overlap, in address order
+        (low, high), first = pending[index]
+        group = [first]
+        index += 1
+        while index < len(pending) and pending[index][0][0] < high:
+            high = max(high, pending[index][0][1])
+            group.append(pending[index][1])
+            index += 1
+        if len(group) == 1:
+            hosts[id(first)] = _copy_to_host(first)
+            moved += first.nbytes
+            continue
+        span = device_type((high - low,), dtype=np.uint8,
+                           memptr=first.data + (low - int(first.data.ptr)))
+        host_bytes = transfer.to_host(span)
+        moved += high - low
+        for array in group:
+            hosts[id(array)] = _view(array, host_bytes, int(array.data.ptr) - low)
+    return hosts, moved
+
+
+def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any] = (),
+                    writes: Mapping[int, tuple[Any, np.ndarray]] | None = None
+                    ) -> tuple[Any, int]:
+    """``value`` with every ``device_type`` array converted as the module docstring says, and
+    the bytes moved. ``made_arrays``: 0-d device arrays that stay arrays; ``writes``: the
+    ``writes=`` arguments, ``id(device array) -> (device array, caller's array)``, whose data
+    the caller's arrays receive after this (views of them are made now, filled then)."""
+    writes = writes or {}
+    if type(value) is device_type and id(value) not in writes:  # the common case, one array
+        host = _copy_to_host(value)
+        made = host.ndim == 0 and any(value is array for array in made_arrays)
+        return (host[()] if host.ndim == 0 and not made else host), value.nbytes
+    found: dict[int, Any] = {}
+    map_arrays(value, device_type, lambda array: found.setdefault(id(array), array),
+               RESULT_DEPTH, records=True)
+    if not found:
+        return value, 0
+    hosts, moved = _hosts(list(found.values()), device_type, writes)
+    kept = {id(array) for array in made_arrays} | writes.keys()
 
     def convert(array: Any) -> Any:
-        nonlocal moved
-        moved += array.nbytes
-        host = transfer.to_host(array)
-        return host[()] if host.ndim == 0 else host
+        host = hosts[id(array)]
+        return host[()] if host.ndim == 0 and id(array) not in kept else host
 
-    return map_arrays(value, device_type, convert, RESULT_DEPTH), moved
+    return map_arrays(value, device_type, convert, RESULT_DEPTH, records=True), moved
+
+
+def unconverted_paths(value: Any, device_type: type, name: str = "result") -> list[str]:
+    """Where ``device_type`` arrays sit in ``value`` (``"result.model[0]"``): inside objects
+    :func:`results_to_host` does not rebuild, or deeper than it looks. Looks through
+    containers, sets, records and object attributes, ``_UNCONVERTED_DEPTH`` levels and
+    ``_UNCONVERTED_VISITS`` values at most."""
+    found: list[str] = []
+    seen: set[int] = set()
+
+    def visit(item: Any, path: str, depth: int) -> None:
+        if isinstance(item, device_type):
+            found.append(path)
+            return
+        if depth == 0 or len(seen) >= _UNCONVERTED_VISITS or id(item) in seen or \
+                isinstance(item, (str, bytes, int, float, complex, np.ndarray, np.generic)):
+            return
+        seen.add(id(item))
+        if isinstance(item, dict):
+            for key, inner in list(item.items()):
+                visit(inner, f"{path}[{key!r}]", depth - 1)
+        elif isinstance(item, (list, tuple)):
+            for index, inner in enumerate(item):
+                visit(inner, f"{path}[{index}]", depth - 1)
+        elif isinstance(item, (set, frozenset)):
+            for inner in item:
+                visit(inner, f"{path}{{{type(inner).__name__}}}", depth - 1)
+        elif is_record(item):
+            for field_name, inner in record_fields(item).items():
+                visit(inner, f"{path}.{field_name}", depth - 1)
+        else:
+            attributes = getattr(item, "__dict__", None)
+            if isinstance(attributes, dict):
+                for field_name, inner in list(attributes.items()):
+                    visit(inner, f"{path}.{field_name}", depth - 1)
+
+    visit(value, name, _UNCONVERTED_DEPTH)
+    return found
 
 
 def to_host(value: Any) -> Any:

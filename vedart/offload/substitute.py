@@ -16,6 +16,10 @@ Rules a user can rely on:
   or a GPU failure that re-runs the call on the CPU).
 - A function that assigns or deletes module globals (``global x; x = ...``) is not cloned; it
   runs with dispatch only, so its assignments reach the real module.
+- Some device functions are adjusted to answer as NumPy's do (:func:`_as_numpy_does`): named
+  tuples from ``numpy.linalg``, CuPy's linear algebra raising what cuSOLVER reports (a singular
+  matrix), 0-d arrays from array makers, NumPy's own exception where CuPy accepts a dtype NumPy
+  rejects, ``np.histogram`` of integers counted as NumPy counts them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ import importlib
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import numpy
+
+from vedart.offload.results import (
+    ARRAY_KEEPERS,
+    ARRAY_MAKERS,
+    is_array_to_numpy,
+    note_made_array,
+)
 
 # Host package -> the package that holds its device twins (``scipy.ndimage`` -> ``cupyx.scipy.ndimage``).
 DEVICE_PACKAGES: dict[str, str] = {"numpy": "cupy", "scipy": "cupyx.scipy"}
@@ -116,7 +129,8 @@ class DeviceNamespace:
                     raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
                 value = host_value
             else:
-                value = _with_numpys_result_type(value, self.__name__, name)
+                value = _as_numpy_does(value, host_value, self.__name__, name,
+                                       self.__device.__name__)
         setattr(self, name, value)  # cache: the next lookup is a plain attribute read
         return value
 
@@ -125,6 +139,88 @@ class DeviceNamespace:
 
 
 _MISSING = object()
+
+# Functions NumPy refuses for some dtypes of their first argument (by dtype.char) where CuPy's
+# compute something: for those dtypes NumPy's function is called first on a small
+# stand-in (two elements along each axis), so the call raises NumPy's own exception before
+# any device work.
+_NUMPY_REJECTS: dict[str, dict[str, str]] = {
+    "numpy": {"round": "?", "around": "?", "percentile": "?", "quantile": "?",
+              "nanpercentile": "?", "nanquantile": "?"},
+    "numpy.linalg": dict.fromkeys(("cholesky", "det", "eig", "eigh", "eigvals", "eigvalsh", "inv",
+                                   "lstsq", "pinv", "qr", "slogdet", "solve", "svd",
+                                   "tensorinv", "tensorsolve"), "e"),
+    "numpy.fft": dict.fromkeys(("rfft", "rfft2", "rfftn", "ihfft"), "FDG"),
+}
+
+
+def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
+                   name: str, device_module: str) -> Any:
+    """``device_function`` (the device twin of ``host_module.name``, from ``device_module``),
+    adjusted where CuPy's answer would differ from NumPy's; other attributes pass through."""
+    if not callable(device_function):
+        return device_function
+    if host_module == "numpy" and name in ARRAY_MAKERS:
+        @functools.wraps(device_function)
+        def making(*args: Any, **kwargs: Any) -> Any:
+            return note_made_array(device_function(*args, **kwargs))
+
+        return making
+    if host_module == "numpy" and name in ARRAY_KEEPERS:
+        @functools.wraps(device_function)
+        def keeping(*args: Any, **kwargs: Any) -> Any:
+            result = device_function(*args, **kwargs)
+            return note_made_array(result) if args and is_array_to_numpy(args[0]) else result
+
+        return keeping
+    if host_module == "numpy" and name == "histogram":
+        @functools.wraps(device_function)
+        def histogram(a: Any, *args: Any, **kwargs: Any) -> Any:
+            # CuPy's counts of integer samples differed from NumPy's (8 bins over int8 data,
+            # H100); NumPy compares samples with the float64 edges as float64, and so does this.
+            if getattr(getattr(a, "dtype", None), "kind", None) in ("b", "i", "u"):
+                a = a.astype("float64")
+            return device_function(a, *args, **kwargs)
+
+        return histogram
+    adjusted = _with_numpys_result_type(device_function, host_module, name)
+    if device_module == "cupy.linalg":
+        adjusted = _raising_linalg_errors(adjusted)
+    rejected = _NUMPY_REJECTS.get(host_module, {}).get(name)
+    if rejected is None or not callable(host_function):
+        return adjusted
+
+    @functools.wraps(device_function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if args and getattr(getattr(args[0], "dtype", None), "char", None) in rejected:
+            host_function(*map(_stand_in, args),
+                          **{key: _stand_in(value) for key, value in kwargs.items()})
+        return adjusted(*args, **kwargs)
+
+    return checked
+
+
+def _raising_linalg_errors(device_function: Any) -> Any:
+    """``device_function`` run with CuPy told to raise what cuSOLVER and cuBLAS report (a
+    singular matrix to ``inv`` or ``solve``, a matrix ``cholesky`` cannot factor), as NumPy
+    raises ``LinAlgError``; by default CuPy returns what the routine left (each check waits for
+    the device)."""
+    import cupyx
+
+    @functools.wraps(device_function)
+    def raising(*args: Any, **kwargs: Any) -> Any:
+        with cupyx.errstate(linalg="raise"):
+            return device_function(*args, **kwargs)
+
+    return raising
+
+
+def _stand_in(value: Any) -> Any:
+    """A small host array of ``value``'s dtype and rank, for an array; else ``value``."""
+    dtype, ndim = getattr(value, "dtype", None), getattr(value, "ndim", None)
+    if isinstance(dtype, numpy.dtype) and isinstance(ndim, int):
+        return numpy.zeros((2,) * ndim, dtype)
+    return value
 
 # numpy.linalg functions that return a named tuple where CuPy's return a plain one, and the
 # named tuple's type (NumPy 2 defines them in numpy.linalg._linalg).

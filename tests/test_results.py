@@ -1,0 +1,179 @@
+"""What a @gpu call hands back from the device, on a CPU-only machine: device arrays are
+FakeDeviceArray (host memory with CuPy's view and address behaviour)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+import pytest
+from fakes import FakeDeviceArray
+
+import vedart as veda
+from vedart.offload.results import recording_made_arrays, results_to_host, unconverted_paths
+from vedart.offload.substitute import ModuleMapper, device_clone
+
+IDENTITY = ModuleMapper({"numpy": "numpy"})
+
+
+def device(host: np.ndarray) -> FakeDeviceArray:
+    return FakeDeviceArray.of(host)
+
+
+def rng(seed: int = 1) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def test_results_to_host_types() -> None:
+    Pair = namedtuple("Pair", "first second")
+    value = {
+        "scalar": device(np.array(2.5)),
+        "array": device(np.arange(3)),
+        "nested": [Pair(device(np.array(1, dtype=np.int32)), "text")],
+        "plain": 7,
+    }
+    host, moved = results_to_host(value, FakeDeviceArray)
+    assert moved == 8 + 3 * np.arange(3).itemsize + 4
+    assert type(host["scalar"]) is np.float64 and host["scalar"] == 2.5
+    assert type(host["array"]) is np.ndarray
+    assert type(host["nested"][0]) is Pair and type(host["nested"][0].first) is np.int32
+    assert host["nested"][0].second == "text" and host["plain"] == 7
+
+
+def test_made_zero_d_arrays_stay_arrays_and_reductions_become_scalars() -> None:
+    made_0d, summed, made_1d = device(np.array(2.5)), device(np.array(7.0)), device(np.ones(2))
+    host, _ = results_to_host((made_0d, summed, made_1d), FakeDeviceArray,
+                              made_arrays=[made_0d, made_1d])
+    assert type(host[0]) is np.ndarray and host[0].shape == () and host[0] == 2.5
+    assert type(host[1]) is np.float64 and host[1] == 7.0
+    assert type(host[2]) is np.ndarray
+    alone, moved = results_to_host(made_0d, FakeDeviceArray, made_arrays=[made_0d])
+    assert type(alone) is np.ndarray and alone.shape == () and moved == 8
+    assert type(results_to_host(summed, FakeDeviceArray)[0]) is np.float64
+
+
+def test_array_makers_inside_the_function_are_recorded() -> None:
+    def zero_d(x: np.ndarray) -> tuple[Any, ...]:
+        return (np.array(x.sum()), np.zeros(()), np.asarray(x[0]), np.full((), 3.0),
+                np.copy(x.max()), np.where(x[0] > 0.5, x[0], x[1]), np.reshape(x[:1], ()),
+                np.reshape(x.sum(), ()), x.sum(), np.ones(3))
+
+    x = rng().random(4)
+    with recording_made_arrays() as made:
+        result = device_clone(zero_d, IDENTITY)(x)
+    assert [id(value) for value in made] == [id(value) for value in result[:7]]
+    assert [type(value) for value in result] == [type(value) for value in zero_d(x)]
+
+
+def test_integer_results_carry_numpys_own_scalar_type() -> None:
+    index = device(np.array(3, dtype=np.longlong))  # what CuPy's argmax gives
+    positions = device(np.arange(4, dtype=np.longlong))
+    host, _ = results_to_host((index, positions), FakeDeviceArray)
+    assert type(host[0]) is type(np.arange(4).argmax())
+    assert host[1].dtype.char == np.arange(4).dtype.char
+
+
+def test_a_writes_argument_comes_back_as_the_callers_own_array() -> None:
+    out = rng().random(12)
+    device_out = device(out)
+    device_out *= 2  # the function's in-place write on the device
+    other = device(rng(2).random(3))
+    host, moved = results_to_host((device_out, device_out[2:8:2], other), FakeDeviceArray,
+                                  writes={id(device_out): (device_out, out)})
+    assert host[0] is out
+    assert np.shares_memory(host[1], out)
+    assert moved == other.nbytes  # the caller's array gets its data from the copy-back
+    np.copyto(out, device_out.get())  # the copy-back after the results
+    np.testing.assert_array_equal(host[1], device_out.get()[2:8:2])
+    np.testing.assert_array_equal(host[2], other.get())
+
+
+def test_a_view_of_a_non_contiguous_writes_argument_is_a_copy() -> None:
+    backing = rng().random(24)
+    out = backing[::2]  # the device holds a contiguous copy: the layouts differ
+    device_out = device(out)
+    host, _ = results_to_host((device_out, device_out[1:]), FakeDeviceArray,
+                              writes={id(device_out): (device_out, out)})
+    assert host[0] is out
+    assert not np.shares_memory(host[1], backing)
+    np.testing.assert_array_equal(host[1], out[1:])
+
+
+@pytest.mark.parametrize("views", [
+    lambda x: (x, x[::2]),
+    lambda x: (x, x),
+    lambda x: (x[::-1], x[1:5], x[3]),
+    lambda x: (x.reshape(4, 5), x.reshape(4, 5).T, x.reshape(4, 5)[1:, ::-2]),
+    lambda x: {"whole": x, "tail": [x[10:]]},
+])
+def test_results_sharing_memory_share_it_on_the_host(views: Any) -> None:
+    x = rng().random(20)
+    expected = views(x)
+    host, moved = results_to_host(views(device(x)), FakeDeviceArray)
+    flat_expected = expected if isinstance(expected, tuple) else (expected["whole"],
+                                                                  expected["tail"][0])
+    flat_host = host if isinstance(host, tuple) else (host["whole"], host["tail"][0])
+    for actual, wanted in zip(flat_host, flat_expected):
+        assert type(actual) is type(wanted)
+        np.testing.assert_array_equal(actual, wanted)
+        if isinstance(wanted, np.ndarray):
+            assert actual.strides == wanted.strides
+    arrays = [value for value in flat_host if isinstance(value, np.ndarray)]
+    for first in arrays:
+        for second in arrays:
+            assert np.shares_memory(first, second) == np.shares_memory(
+                flat_expected[[id(v) for v in flat_host].index(id(first))],
+                flat_expected[[id(v) for v in flat_host].index(id(second))])
+    assert moved <= x.nbytes  # one transfer of the range they cover
+    if len(flat_host) == 2 and flat_expected[0] is flat_expected[1]:
+        assert flat_host[0] is flat_host[1]
+
+
+def test_separate_arrays_do_not_share() -> None:
+    a, b = device(rng().random(5)), device(rng(2).random(5))
+    host, moved = results_to_host((a, b), FakeDeviceArray)
+    assert not np.shares_memory(host[0], host[1]) and moved == a.nbytes + b.nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    weights: Any
+    history: list[Any]
+    name: str = "fit"
+    steps: int = dataclasses.field(default=0, init=False)
+
+
+def test_device_arrays_inside_dataclasses_and_namespaces_are_converted() -> None:
+    weights, loss = rng().random(3), rng(2).random(4)
+    result = (Fit(device(weights), [device(loss)]),
+              types.SimpleNamespace(mean=device(np.array(1.5)), label="m"))
+    host, _ = results_to_host(result, FakeDeviceArray)
+    fit, namespace = host
+    assert type(fit) is Fit and fit.name == "fit" and fit.steps == 0
+    assert type(fit.weights) is np.ndarray and type(fit.history[0]) is np.ndarray
+    np.testing.assert_array_equal(fit.weights, weights)
+    np.testing.assert_array_equal(fit.history[0], loss)
+    assert type(namespace.mean) is np.float64 and namespace.label == "m"
+    assert unconverted_paths(host, FakeDeviceArray) == []
+
+
+def test_device_arrays_left_inside_other_objects_are_named() -> None:
+    class Model:
+        def __init__(self, coef: Any) -> None:
+            self.coef = coef
+
+    deep: Any = device(np.ones(2))
+    for _ in range(9):
+        deep = [deep]
+    host, _ = results_to_host({"model": Model(device(np.ones(2))), "deep": deep},
+                              FakeDeviceArray)
+    assert unconverted_paths(host, FakeDeviceArray) == [
+        "result['model'].coef", "result['deep']" + "[0]" * 9]
+
+
+def test_to_host_is_public() -> None:
+    value = (np.ones(2), 3)
+    assert veda.to_host(value) is value
