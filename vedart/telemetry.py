@@ -203,6 +203,7 @@ class Telemetry:
         self._recent: deque[CallRecord] = deque(maxlen=recent_limit)
         self._placements: deque[Placement] = deque(maxlen=recent_limit)
         self._placement_counts: dict[tuple[str, str, int | None], int] = {}
+        self._remote: dict[tuple[str, str], FunctionStats] = {}
 
     def function(self, name: str, threshold: int | None = None) -> FunctionStats:
         """The stats of function ``name``, created on first use; ``threshold``, when given, is
@@ -245,6 +246,15 @@ class Telemetry:
         with self._lock:
             return dict(self._placement_counts)
 
+    def merge_remote(self, source: str, name: str, delta: dict[str, Any]) -> None:
+        """Add the calls of function ``name`` that another process made (a Dask worker,
+        ``source`` naming it and its device) to the function's stats and to that source's
+        own row of :meth:`report`. ``delta`` is a difference of two ``FunctionStats.totals``."""
+        self.function(name).merge(delta)
+        with self._lock:
+            stats = self._remote.setdefault((source, name), FunctionStats(name))
+        stats.merge(delta)
+
     def functions(self) -> list[FunctionStats]:
         """The stats of every function seen so far."""
         with self._lock:
@@ -255,8 +265,10 @@ class Telemetry:
         with self._lock:
             functions = list(self._functions.values())
             kernels = list(self._kernels.values())
+            remote = list(self._remote.items())
         return {
             "functions": [stats.as_dict() for stats in functions],
+            "workers": [{"worker": source, **stats.as_dict()} for (source, _), stats in remote],
             "kernels": [stats.as_dict() for stats in kernels],
             "recent": [asdict(record) for record in self.recent()],
         }
@@ -287,7 +299,20 @@ class Telemetry:
                 f"{mean['to_host'] * 1e3:>10.3f} {moved:>9} {rate:>6}  "
                 f"{row['last_path']}: {row['last_reason']}"
             )
-        return "\n".join(lines) + self._kernel_table()
+        return "\n".join(lines) + self._worker_table() + self._kernel_table()
+
+    def _worker_table(self) -> str:
+        """The per-worker table report() appends ("" when no worker process reported)."""
+        rows = self.snapshot()["workers"]
+        if not rows:
+            return ""
+        header = (f"{'worker (device)':<48} {'function':<24} {'calls':>6} {'gpu':>5} "
+                  f"{'cpu':>5} {'fallbk':>6}")
+        lines = ["", "", header, "-" * len(header)]
+        lines += [f"{row['worker'][-48:]:<48} {row['function'][-24:]:<24} {row['calls']:>6} "
+                  f"{row['gpu_calls']:>5} {row['cpu_calls']:>5} {row['fallback_calls']:>6}"
+                  for row in rows]
+        return "\n".join(lines)
 
     def _kernel_table(self) -> str:
         """The @gpu_kernel table report() appends ("" before the first kernel launch)."""

@@ -123,11 +123,12 @@ def in_context(work: Callable[..., R], *args: Any) -> Callable[[], R]:
 
 class ChunkPolicy:
     """How many items one task gets: the user's ``par_iter(chunk_size=N)``, or, automatically,
-    enough for about TARGET_TASK_SECONDS of work by the latest measured seconds per item
+    enough for about ``target_seconds`` of work by the latest measured seconds per item
     (starting at 1, so costly items never wait behind each other in one task)."""
 
-    def __init__(self, fixed: int | None) -> None:
+    def __init__(self, fixed: int | None, target_seconds: float = TARGET_TASK_SECONDS) -> None:
         self._fixed = fixed
+        self._target_seconds = target_seconds
         self.size = 1 if fixed is None else fixed
 
     def observe(self, items: int, seconds: float) -> None:
@@ -137,7 +138,7 @@ class ChunkPolicy:
             return
         per_item = seconds / items
         self.size = MAX_CHUNK if per_item <= 0 else max(1, min(MAX_CHUNK,
-                                                              int(TARGET_TASK_SECONDS / per_item)))
+                                                              int(self._target_seconds / per_item)))
 
 
 class WindowedReader(Stage):
