@@ -106,7 +106,8 @@ class DaskCluster:
                     f"answer within dask_timeout={config.dask_timeout:g} s ({error})") from error
         else:
             cluster = _embedded_cluster(config, gpus)
-            client = distributed.Client(cluster, set_as_default=False)
+            client = distributed.Client(cluster, timeout=config.dask_timeout,
+                                        set_as_default=False)
         started = cls(client, cluster, config.dask_client is None, config.dask_timeout)
         try:
             client.register_plugin(RuntimePlugin(config), name=PLUGIN_NAME)
@@ -184,7 +185,7 @@ class DaskCluster:
         from vedart.parallel.dask_worker import PLUGIN_NAME
 
         if self._owns_client:
-            self.client.close()
+            self.client.close(timeout=self._timeout)
             if self.cluster is not None:
                 self.cluster.close()
             self._owns_client, self.cluster = False, None
