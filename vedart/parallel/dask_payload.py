@@ -6,34 +6,54 @@ On the client, before anything is sent:
    pickled raises ParIterError naming its stage. A @veda.gpu wrapper travels by reference
    when its module exports it, else as its function and options (:class:`GpuRecipe`), rebuilt
    into a @gpu wrapper by the worker's own runtime.
-2. :func:`encode_batch` pickles each batch; an item that cannot be pickled raises ParIterError
-   naming its source index.
+2. :func:`check_batch` pickles each batch as Dask will (skipping array buffers, which Dask
+   sends out of band), so an item that cannot be pickled raises ParIterError naming its
+   source index instead of failing inside Dask.
 In the worker, :func:`run_batch` (the Dask task) loads the chain (once per pipeline and
-process), runs it on the batch under the caller's ``veda.force`` path and pickles the result
+process), runs it on the batch under the caller's ``veda.force`` path (@gpu steps through the
+worker's own gpu_map lanes when it has a GPU) and returns the result
 with the seconds it took; a result that cannot be pickled becomes that item's failure.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any
+from functools import lru_cache, reduce
+from typing import TYPE_CHECKING, Any, cast
 
 from vedart.errors import ParIterError
+from vedart.lifecycle import get_runtime
 from vedart.offload.decorator import OffloadOptions, gpu
 from vedart.offload.force import forced_path
-from vedart.parallel.batch import Batch, ItemFailure
+from vedart.parallel.batch import Batch, ItemFailure, Reader
 from vedart.parallel.elementwise import Step, fuse
-from vedart.parallel.gpu_map import is_gpu_wrapper
+from vedart.parallel.gpu_map import GpuFunction, GpuMapReader, gpu_lanes_for, is_gpu_wrapper
+from vedart.parallel.scheduler import ChunkPolicy
+
+if TYPE_CHECKING:
+    from vedart.runtime import Runtime
 
 def _dumps(value: Any) -> bytes:
     import cloudpickle  # comes with the dask extra; this module is imported without it
 
     return cloudpickle.dumps(value)  # type: ignore[no-any-return]
+
+
+def _check_picklable(value: Any) -> None:
+    """Pickle ``value`` as Dask will, to raise what Dask would; array buffers are skipped
+    rather than copied (Dask sends those out of band)."""
+    import cloudpickle
+
+    cloudpickle.dumps(value, protocol=5, buffer_callback=_skip)
+
+
+def _skip(buffer: pickle.PickleBuffer) -> bool:
+    return False  # the buffer is left out of the pickle
 
 
 SHOWN_CHARACTERS = 200  # of an unpicklable result's repr, in its failure
@@ -80,10 +100,10 @@ def encode_steps(steps: Sequence[Step]) -> bytes:
     return _dumps(tuple(portable))
 
 
-def encode_batch(batch: Batch, stage: str) -> bytes:
-    """The batch, pickled; ParIterError naming the first item that cannot be."""
+def check_batch(batch: Batch, stage: str) -> None:
+    """ParIterError naming the first item of ``batch`` that cannot be pickled."""
     try:
-        return _dumps(batch)
+        _check_picklable(batch)
     except Exception as error:
         index, culprit = _first_unpicklable(batch, error)
         raise ParIterError(
@@ -95,7 +115,7 @@ def encode_batch(batch: Batch, stage: str) -> bytes:
 def _first_unpicklable(batch: Batch, error: Exception) -> tuple[int, Exception]:
     for item, origin in zip(batch.items, batch.origins):
         try:
-            _dumps(item)
+            _check_picklable(item)
         except Exception as culprit:  # noqa: BLE001  # reported with its item
             return origin, culprit
     return batch.origins[0], error
@@ -110,29 +130,70 @@ def failed_batch(batch: Batch, stage: str, error: BaseException) -> Batch:
 
 
 @lru_cache(maxsize=LOADED_CHAINS)
-def _loaded(steps: bytes) -> tuple[Callable[[Batch], Batch], str]:
-    """The chain as one Batch -> Batch function, and the label of its last stage."""
-    chain = pickle.loads(steps)
-    return fuse([Step(kind, function.build() if isinstance(function, GpuRecipe) else function,
-                      label) for kind, function, label in chain]), chain[-1][2]
+def _loaded(steps: bytes) -> tuple[Step, ...]:
+    return tuple(Step(kind, function.build() if isinstance(function, GpuRecipe) else function,
+                      label) for kind, function, label in pickle.loads(steps))
 
 
-def run_batch(steps: bytes, batch: bytes, forced: str | None) -> bytes:
-    """The Dask task: the chain ``steps`` over ``batch`` under ``veda.force(forced)``, pickled
-    with the seconds it took, as ``(Batch, seconds)``."""
-    work, last_stage = _loaded(steps)
-    items: Batch = pickle.loads(batch)
+def _run(steps: tuple[Step, ...], batch: Batch) -> Batch:
+    """``steps`` over ``batch``: on a worker with a usable GPU each @gpu step runs as a
+    gpu_map stage (its device lanes overlap copies and compute), the steps between them fused;
+    elsewhere all of them fused."""
+    runtime = get_runtime()
+    if not runtime.gpu:
+        return fuse(steps)(batch)
+    pending: list[Step] = []
+    for step in steps:
+        if not is_gpu_wrapper(step.function):
+            pending.append(step)
+            continue
+        if pending:
+            batch, pending = fuse(pending)(batch), []
+        batch = _on_lanes(step, batch, runtime)
+    return fuse(pending)(batch) if pending else batch
+
+
+class _Given(Reader):
+    """One batch, then the end."""
+
+    def __init__(self, batch: Batch) -> None:
+        super().__init__()
+        self._batch: Batch | None = batch
+
+    def _next_batch(self, limit: int | None) -> Batch | None:
+        batch, self._batch = self._batch, None
+        return batch
+
+
+def _on_lanes(step: Step, batch: Batch, runtime: Runtime) -> Batch:
+    reader = GpuMapReader(_Given(batch), cast(GpuFunction, step.function), step.label, runtime,
+                          runtime.scheduler, gpu_lanes_for(runtime, runtime.scheduler),
+                          ChunkPolicy(None), None)
+    parts = []
+    try:
+        while (part := reader.read()) is not None:
+            parts.append(part)
+    finally:
+        reader.close()
+    return reduce(operator.add, parts, Batch([], []))
+
+
+def run_batch(steps: bytes, batch: Batch, forced: str | None) -> tuple[Batch, float]:
+    """The Dask task: the chain ``steps`` over ``batch`` under ``veda.force(forced)``, and the
+    seconds it took."""
+    chain = _loaded(steps)
     token = forced_path.set(forced)
     try:
         started = time.perf_counter()
-        result = work(items)
+        result = _run(chain, batch)
         seconds = time.perf_counter() - started
     finally:
         forced_path.reset(token)
     try:
-        return _dumps((result, seconds))
+        _check_picklable(result)
     except Exception:  # noqa: BLE001  # some result or exception cannot travel: find which
-        return _dumps((_sendable(result, last_stage), seconds))
+        result = _sendable(result, chain[-1].label)
+    return result, seconds
 
 
 def _sendable(batch: Batch, last_stage: str) -> Batch:
@@ -141,7 +202,7 @@ def _sendable(batch: Batch, last_stage: str) -> Batch:
     failures = dict(batch.failures)
     for position, (item, origin) in enumerate(zip(batch.items, batch.origins)):
         try:
-            _dumps(item)
+            _check_picklable(item)
             items.append(item)
         except Exception as error:  # noqa: BLE001  # reported as the item's failure
             failure = batch.failures.get(position)

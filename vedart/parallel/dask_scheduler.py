@@ -20,7 +20,6 @@ Contracts (as on the thread scheduler, :mod:`vedart.parallel.scheduler`):
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from vedart.config import Config
 from vedart.errors import ConfigError, ParIterError, SchedulerUnavailableError
 from vedart.offload.force import forced_path
 from vedart.parallel.batch import Batch, Reader
-from vedart.parallel.dask_payload import encode_batch, encode_steps, failed_batch, run_batch
+from vedart.parallel.dask_payload import check_batch, encode_steps, failed_batch, run_batch
 from vedart.parallel.elementwise import Step
 from vedart.parallel.scheduler import ChunkPolicy, WindowedReader
 from vedart.telemetry import Telemetry
@@ -228,15 +227,15 @@ class DaskReader(WindowedReader):
             if batch is None:
                 self._ended = True
                 return
-            payload = encode_batch(batch, self._stage)
-            future = self._cluster.client.submit(run_batch, self._steps, payload, self._forced,
+            check_batch(batch, self._stage)
+            future = self._cluster.client.submit(run_batch, self._steps, batch, self._forced,
                                                  pure=False)
             self._push(_Submitted(future, batch))  # type: ignore[arg-type]
 
     def _await(self, task: Any) -> Batch:
         submitted: _Submitted = task
         try:
-            result, seconds = pickle.loads(self._cluster.result(submitted.future))
+            result, seconds = self._cluster.result(submitted.future)
         except ParIterError:
             raise
         except Exception as error:  # noqa: BLE001  # the task failed as a whole
