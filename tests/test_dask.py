@@ -289,3 +289,13 @@ def test_a_scheduler_that_goes_away_fails_the_pipeline_without_hanging() -> None
                                                     r"away"):
             veda.par_iter(source(), chunk_size=1).map(slow_identity).collect()
         veda.shutdown()
+
+
+def test_the_bench_checks_results_and_skips_the_gpu_row_with_its_reason() -> None:
+    from vedart.bench import dask as bench
+
+    result = bench.run(quick=True, items=20, workers=1)
+    python = result["python_map"]
+    assert python["items"] == 20 and python["workers"] == 1 and python["speedup"] > 0
+    assert result["gpu_map"] is None and result["gpu_note"].startswith("no GPU")
+    assert "gpu_map on a LocalCUDACluster: skipped: no GPU" in bench.format_table(result)

@@ -19,8 +19,8 @@ from vedart.lifecycle import get_runtime
 from vedart.runtime import Runtime
 
 # bench suites: name -> module in vedart.bench with run(quick) -> dict and format_table(dict).
-BENCH_SUITES = ("ops", "overhead", "matmul", "transfer", "par_iter", "kernels")
-QUICK_BENCHMARKS = ("overhead", "matmul", "transfer", "par_iter", "kernels", "ops")  # tools/gpu-check.sh, --quick
+BENCH_SUITES = ("ops", "overhead", "matmul", "transfer", "par_iter", "kernels", "dask")
+QUICK_BENCHMARKS = ("overhead", "matmul", "transfer", "par_iter", "kernels", "ops", "dask")  # tools/gpu-check.sh, --quick
 
 # Distribution names to try for each component; the first one installed is reported.
 COMPONENT_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {

@@ -54,7 +54,7 @@ def require(module: str) -> Any:
                           "scheduler='threads'") from error
 
 
-def _embedded_cluster(config: Config, gpus: int) -> Any:
+def embedded_cluster(config: Config, gpus: int) -> Any:
     """A LocalCUDACluster (one worker per GPU) or a LocalCluster of single-threaded worker
     processes, as ``config.dask_cluster`` asks."""
     kind = config.dask_cluster
@@ -104,15 +104,19 @@ class DaskCluster:
                     f"dask_address: the Dask scheduler at {config.dask_address!r} did not "
                     f"answer within dask_timeout={config.dask_timeout:g} s ({error})") from error
         else:
-            cluster = _embedded_cluster(config, gpus)
+            cluster = embedded_cluster(config, gpus)
             client = distributed.Client(cluster, timeout=config.dask_timeout,
                                         set_as_default=False)
         started = cls(client, cluster, config.dask_client is None, config.dask_timeout)
         try:
-            client.register_plugin(RuntimePlugin(config), name=PLUGIN_NAME)
+            answers = client.register_plugin(RuntimePlugin(config), name=PLUGIN_NAME)
         except BaseException:
             started.close()
             raise
+        for worker, answer in (answers or {}).items():
+            if answer.get("status") != "OK":
+                logger.warning("Dask worker %s could not start its vedart runtime (%s); its "
+                               "@gpu calls use a default one", worker, answer.get("text"))
         return started
 
     @property
