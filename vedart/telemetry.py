@@ -306,22 +306,19 @@ class Telemetry:
         rows = self.snapshot()["workers"]
         if not rows:
             return ""
-        header = (f"{'worker (device)':<48} {'function':<24} {'calls':>6} {'gpu':>5} "
-                  f"{'cpu':>5} {'fallbk':>6}")
-        lines = ["", "", header, "-" * len(header)]
-        lines += [f"{row['worker'][-48:]:<48} {row['function'][-24:]:<24} {row['calls']:>6} "
-                  f"{row['gpu_calls']:>5} {row['cpu_calls']:>5} {row['fallback_calls']:>6}"
-                  for row in rows]
-        return "\n".join(lines)
+        return _appended_table(
+            f"{'worker (device)':<48} {'function':<24} {'calls':>6} {'gpu':>5} {'cpu':>5} "
+            f"{'fallbk':>6}",
+            [f"{row['worker'][-48:]:<48} {row['function'][-24:]:<24} {row['calls']:>6} "
+             f"{row['gpu_calls']:>5} {row['cpu_calls']:>5} {row['fallback_calls']:>6}"
+             for row in rows])
 
     def _kernel_table(self) -> str:
         """The @gpu_kernel table report() appends ("" before the first kernel launch)."""
         rows = self.snapshot()["kernels"]
         if not rows:
             return ""
-        header = (f"{'kernel':<32} {'launches':>8} {'gpu':>6} {'simul':>6} {'cpu':>6} "
-                  f"{'compile s':>9} {'mean kernel ms':>14}")
-        lines = ["", "", header, "-" * len(header)]
+        lines = []
         for row in rows:
             mean = "-" if row["mean_kernel_seconds"] is None else \
                 f"{row['mean_kernel_seconds'] * 1e3:.3f}"
@@ -329,4 +326,10 @@ class Telemetry:
                 f"{row['kernel'][-32:]:<32} {row['launches']:>8} {row['gpu_launches']:>6} "
                 f"{row['simulator_launches']:>6} {row['cpu_launches']:>6} "
                 f"{row['compile_seconds']:>9.3f} {mean:>14}")
-        return "\n".join(lines)
+        return _appended_table(f"{'kernel':<32} {'launches':>8} {'gpu':>6} {'simul':>6} "
+                               f"{'cpu':>6} {'compile s':>9} {'mean kernel ms':>14}", lines)
+
+
+def _appended_table(header: str, rows: list[str]) -> str:
+    """A table appended to report(): a blank line, the header, a rule, the rows."""
+    return "\n".join(["", "", header, "-" * len(header), *rows])

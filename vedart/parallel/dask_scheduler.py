@@ -34,7 +34,7 @@ from vedart.offload.force import forced_path
 from vedart.parallel.batch import Batch, Reader
 from vedart.parallel.dask_payload import check_batch, encode_steps, failed_batch, run_batch
 from vedart.parallel.elementwise import Step
-from vedart.parallel.scheduler import ChunkPolicy, WindowedReader
+from vedart.parallel.scheduler import BatchwiseReader, ChunkPolicy
 from vedart.telemetry import Telemetry
 
 DASK_TASK_SECONDS = 0.05    # a Dask task costs about a millisecond of scheduling and transfer
@@ -210,45 +210,37 @@ class _Submitted:
         self.future.cancel()
 
 
-class DaskReader(WindowedReader):
+class DaskReader(BatchwiseReader[_Submitted]):
     """Runs a fused chain of ``steps`` over upstream batches as Dask tasks (see the module
     docstring); ParIterError at construction when a function cannot be pickled."""
 
     def __init__(self, upstream: Reader, steps: Sequence[Step], cluster: DaskCluster,
                  chunks: ChunkPolicy, telemetry: Telemetry) -> None:
         payload = encode_steps(steps)
-        super().__init__(upstream, DASK_WINDOW_PER_THREAD * cluster.threads())
+        super().__init__(upstream, DASK_WINDOW_PER_THREAD * cluster.threads(), chunks)
         self._steps = payload
         self._stage = ", ".join(step.label for step in steps)
         self._cluster = cluster
-        self._chunks = chunks
         self._telemetry = telemetry
         self._forced = forced_path.get()
 
-    def _fill(self) -> None:
-        while self._has_room():
-            batch = self._upstream.read(self._chunks.size)
-            if batch is None:
-                self._ended = True
-                return
-            check_batch(batch, self._stage)
-            future = self._cluster.client.submit(run_batch, self._steps, batch, self._forced,
-                                                 pure=False)
-            self._push(_Submitted(future, batch))  # type: ignore[arg-type]
+    def _start(self, batch: Batch) -> _Submitted:
+        check_batch(batch, self._stage)
+        return _Submitted(self._cluster.client.submit(run_batch, self._steps, batch,
+                                                      self._forced, pure=False), batch)
 
-    def _await(self, task: Any) -> Batch:
-        submitted: _Submitted = task
+    def _await(self, task: _Submitted) -> Batch:
         try:
-            result, seconds = self._cluster.result(submitted.future)
+            result, seconds = self._cluster.result(task.future)
         except ParIterError:
             raise
         except Exception as error:  # noqa: BLE001  # the task failed as a whole
-            return failed_batch(submitted.batch, self._stage, error)
-        self._chunks.observe(len(submitted.batch), seconds)
+            return failed_batch(task.batch, self._stage, error)
+        self._chunks.observe(len(task.batch), seconds)
         return result  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        futures = [submitted.future for submitted in self._tasks]  # type: ignore[attr-defined]
+        futures = [submitted.future for submitted in self._tasks]
         self._tasks.clear()
         if futures and self._cluster.client.status == "running":
             self._cluster.client.cancel(futures)
