@@ -5,6 +5,7 @@ shutting down."""
 
 from __future__ import annotations
 
+import itertools
 import operator
 import os
 import signal
@@ -32,6 +33,7 @@ from hypothesis import strategies as st
 
 import vedart as veda
 from vedart.cli import collect_info, format_info
+from vedart.parallel.dask_scheduler import DASK_WINDOW_PER_THREAD
 
 distributed = pytest.importorskip("distributed")
 
@@ -115,6 +117,21 @@ def test_results_in_input_order_each_once_from_both_workers(client: Any) -> None
     assert [value for value, _ in pairs] == list(range(400))
     worker_pids = set(client.run(os.getpid).values())
     assert {pid for _, pid in pairs} == worker_pids and os.getpid() not in worker_pids
+
+
+def test_an_endless_source_is_read_only_as_far_as_the_window(client: Any) -> None:
+    on_dask(client)
+    read: list[int] = []
+
+    def endless() -> Iterator[int]:
+        for value in itertools.count():
+            read.append(value)
+            yield value
+
+    assert veda.par_iter(endless(), chunk_size=3).map(square).take(5).collect() == \
+        [0, 1, 4, 9, 16]
+    # chunk x (the window of tasks in flight on two single-threaded workers, refilled once)
+    assert len(read) <= 3 * (DASK_WINDOW_PER_THREAD * 2 + 1)
 
 
 def test_an_item_that_raises_names_its_index_and_stage(client: Any) -> None:
@@ -203,9 +220,12 @@ def test_info_shows_the_scheduler_and_its_workers(client: Any) -> None:
 
 
 def test_connecting_by_address_leaves_the_cluster_running(cluster: Any) -> None:
-    veda.init(veda.Config.builder().scheduler("dask").dask_address(cluster.scheduler_address)
-              .build())
-    assert veda.par_iter(range(30)).map(square).collect() == [x * x for x in range(30)]
+    runtime = veda.init(veda.Config.builder().scheduler("dask")
+                        .dask_address(cluster.scheduler_address).build())
+    assert runtime.dask is not None and runtime.dask.address == cluster.scheduler_address
+    pairs = veda.par_iter(range(30)).map(with_pid).collect()
+    assert [value for value, _ in pairs] == list(range(30))
+    assert os.getpid() not in {pid for _, pid in pairs}
     veda.shutdown()
     with distributed.Client(cluster.scheduler_address, set_as_default=False) as still:
         assert len(still.nthreads()) == 2

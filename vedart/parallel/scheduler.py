@@ -238,8 +238,8 @@ class ItemwiseReader(WindowedReader[Task[Batch]]):
 
 
 class BatchwiseReader(WindowedReader[P]):
-    """A windowed stage that reads upstream ``chunks.size`` items at a time and
-    :meth:`_start`\ s one task per batch."""
+    """A windowed stage that reads upstream ``chunks.size`` items at a time and starts one
+    task per batch (:meth:`_start`)."""
 
     def __init__(self, upstream: Reader, window: int, chunks: ChunkPolicy) -> None:
         super().__init__(upstream, window)
