@@ -319,3 +319,15 @@ def test_the_bench_checks_results_and_skips_the_gpu_row_with_its_reason() -> Non
     assert python["items"] == 20 and python["workers"] == 1 and python["speedup"] > 0
     assert result["gpu_map"] is None and result["gpu_note"].startswith("no GPU")
     assert "gpu_map on a LocalCUDACluster: skipped: no GPU" in bench.format_table(result)
+
+
+def test_a_workers_config_keeps_the_clients_settings_and_drops_what_is_the_clients() -> None:
+    from vedart.parallel.dask_worker import worker_config
+
+    client_side = veda.Config.builder().scheduler("dask").dask_address("tcp://h:1") \
+        .offload_threshold("5MB").devices([1, 2]).progress(True).build()
+    on_cpu = worker_config(client_side, 3, own_gpu=False)
+    assert (on_cpu.scheduler, on_cpu.dask_address, on_cpu.threads, on_cpu.devices,
+            on_cpu.progress, on_cpu.device_processes) == ("threads", None, 3, None, False, False)
+    assert on_cpu.offload_threshold == 5_000_000
+    assert worker_config(client_side, 1, own_gpu=True).devices == (0,)  # dask-cuda: its own

@@ -32,6 +32,7 @@ from vedart.config import Config
 from vedart.errors import ConfigError, ParIterError, SchedulerUnavailableError
 from vedart.offload.force import forced_path
 from vedart.parallel.batch import Batch, Reader
+from vedart.parallel.device_workers import visible_device
 from vedart.parallel.dask_payload import check_batch, encode_steps, failed_batch, run_batch
 from vedart.parallel.elementwise import Step
 from vedart.parallel.scheduler import BatchwiseReader, ChunkPolicy
@@ -63,8 +64,9 @@ def embedded_cluster(config: Config, gpus: int) -> Any:
     workers = {} if config.dask_workers is None else {"n_workers": config.dask_workers}
     if kind == "cuda":
         dask_cuda = require("dask_cuda")
-        if config.devices is not None:
-            workers["CUDA_VISIBLE_DEVICES"] = list(config.devices)
+        if config.devices is not None:  # ordinals as this process numbers them
+            workers["CUDA_VISIBLE_DEVICES"] = [visible_device(ordinal)
+                                               for ordinal in config.devices]
         return dask_cuda.LocalCUDACluster(threads_per_worker=1, dashboard_address=":0",
                                           **workers)
     distributed = require("distributed")

@@ -11,7 +11,7 @@ the client, hands each worker's per-function telemetry to the client's ``veda.re
 from __future__ import annotations
 
 import dataclasses
-import os
+import sys
 from typing import Any
 
 from distributed import Worker
@@ -19,18 +19,19 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from vedart import lifecycle
 from vedart.config import Config
-from vedart.parallel.device_workers import StatsFeed
+from vedart.parallel.device_workers import StatsFeed, visible_device
 
 PLUGIN_NAME = "vedart-runtime"
 
 
-def worker_config(config: Config, threads: int) -> Config:
+def worker_config(config: Config, threads: int, own_gpu: bool) -> Config:
     """``config`` for a worker process with ``threads`` task threads: the thread scheduler
-    (a worker starts no cluster of its own), every device it sees (a dask-cuda worker sees
-    its own GPU only), no device processes and no progress bars."""
+    (a worker starts no cluster of its own), no device processes, no progress bars, and, with
+    ``own_gpu`` (a dask-cuda worker, which sees every GPU with its own listed first), that
+    first GPU only; else every GPU the worker sees."""
     return dataclasses.replace(config, scheduler="threads", dask_address=None,
-                               dask_client=None, devices=None, device_processes=False,
-                               threads=threads, progress=False)
+                               dask_client=None, devices=(0,) if own_gpu else None,
+                               device_processes=False, threads=threads, progress=False)
 
 
 class RuntimePlugin(WorkerPlugin):  # type: ignore[misc]
@@ -43,7 +44,9 @@ class RuntimePlugin(WorkerPlugin):  # type: ignore[misc]
 
     def setup(self, worker: Worker) -> None:
         global _stats
-        runtime = lifecycle.init(worker_config(self.config, worker.state.nthreads))
+        # dask-cuda's worker plugins import it in each of its workers.
+        own_gpu = "dask_cuda" in sys.modules
+        runtime = lifecycle.init(worker_config(self.config, worker.state.nthreads, own_gpu))
         _stats = StatsFeed(runtime.telemetry)
 
     def teardown(self, worker: Worker) -> None:
@@ -60,13 +63,8 @@ def worker_devices() -> list[str]:
     runtime = lifecycle.current
     if runtime is None or not runtime.gpu:
         return []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-    named = []
-    for device in runtime.gpu.devices:
-        ordinal = visible[device.ordinal] if device.ordinal < len(visible) and \
-            visible[device.ordinal] else str(device.ordinal)
-        named.append(f"GPU {ordinal}: {device.name}")
-    return named
+    return [f"GPU {visible_device(device.ordinal)}: {device.name}"
+            for device in runtime.gpu.devices]
 
 
 def worker_telemetry() -> tuple[list[str], list[tuple[str, dict[str, Any]]]]:
