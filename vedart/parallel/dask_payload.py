@@ -38,6 +38,10 @@ from vedart.parallel.scheduler import ChunkPolicy
 if TYPE_CHECKING:
     from vedart.runtime import Runtime
 
+SHOWN_CHARACTERS = 200  # of an unpicklable result's repr, in its failure
+LOADED_CHAINS = 16      # pipelines whose loaded chain a worker keeps
+
+
 def _dumps(value: Any) -> bytes:
     import cloudpickle  # comes with the dask extra; this module is imported without it
 
@@ -53,11 +57,7 @@ def _check_picklable(value: Any) -> None:
 
 
 def _skip(buffer: pickle.PickleBuffer) -> bool:
-    return False  # the buffer is left out of the pickle
-
-
-SHOWN_CHARACTERS = 200  # of an unpicklable result's repr, in its failure
-LOADED_CHAINS = 16      # pipelines whose loaded chain a worker keeps
+    return False  # false: the buffer stays out of band, uncopied
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class GpuRecipe:
 
 
 def _portable(function: Callable[..., Any]) -> Any:
+    """What a worker gets for ``function`` (see the module docstring)."""
     if not is_gpu_wrapper(function):
         return function
     if getattr(function, "__module__", "__main__") != "__main__":

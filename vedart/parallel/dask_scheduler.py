@@ -107,8 +107,12 @@ class DaskCluster:
                     f"answer within dask_timeout={config.dask_timeout:g} s ({error})") from error
         else:
             cluster = embedded_cluster(config, gpus)
-            client = distributed.Client(cluster, timeout=config.dask_timeout,
-                                        set_as_default=False)
+            try:
+                client = distributed.Client(cluster, timeout=config.dask_timeout,
+                                            set_as_default=False)
+            except BaseException:
+                cluster.close()
+                raise
         started = cls(client, cluster, config.dask_client is None, config.dask_timeout)
         try:
             answers = client.register_plugin(RuntimePlugin(config), name=PLUGIN_NAME)
