@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import operator
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -76,6 +77,7 @@ TERMINALS: dict[str, Callable[[veda.ParIter[Any]], Any]] = {
     "collect": lambda p: p.collect(),
     "collect_skip": lambda p: p.collect(errors="skip"),
     "collect_return": lambda p: [repr(v) for v in p.collect(errors="return")],
+    "collect_progress": lambda p: p.collect(errors="skip", progress=True),
     "sum": lambda p: p.sum(),
     "count": lambda p: p.count(),
     "min": lambda p: p.min(default=None),
@@ -232,7 +234,9 @@ def test_connecting_by_address_leaves_the_cluster_running(cluster: Any) -> None:
 
 
 def test_a_callers_client_is_never_closed(client: Any) -> None:
-    on_dask(client)
+    config = on_dask(client).config
+    assert pickle.loads(pickle.dumps(config)).dask_client is None  # it stays in this process
+    assert config.as_dict()["dask_client"] == repr(client)
     assert veda.par_iter([3]).map(square).collect() == [9]
     veda.shutdown()
     assert client.status == "running" and client.submit(square, 4).result() == 16
