@@ -109,9 +109,9 @@ def test_only_functions_a_worker_can_import_travel() -> None:
 def test_a_worker_is_given_its_device_as_this_process_sees_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # a job scheduler's share of a node
-    assert [device_workers._visible_device(n) for n in (0, 1)] == ["2", "3"]
+    assert [device_workers.visible_device(n) for n in (0, 1)] == ["2", "3"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert device_workers._visible_device(1) == "1"
+    assert device_workers.visible_device(1) == "1"
 
 
 # --- pipelines over worker processes -------------------------------------------------------

@@ -13,6 +13,7 @@ from vedart.errors import (
     OffloadError,
     OffloadWarning,
     ParIterError,
+    SchedulerUnavailableError,
     SimulatorWarning,
     VedaError,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "ParIter",
     "ParIterError",
     "Runtime",
+    "SchedulerUnavailableError",
     "SimulatorWarning",
     "VedaError",
     "__version__",

@@ -19,8 +19,8 @@ from vedart.lifecycle import get_runtime
 from vedart.runtime import Runtime
 
 # bench suites: name -> module in vedart.bench with run(quick) -> dict and format_table(dict).
-BENCH_SUITES = ("ops", "overhead", "matmul", "transfer", "par_iter", "kernels")
-QUICK_BENCHMARKS = ("overhead", "matmul", "transfer", "par_iter", "kernels", "ops")  # tools/gpu-check.sh, --quick
+BENCH_SUITES = ("ops", "overhead", "matmul", "transfer", "par_iter", "kernels", "dask")
+QUICK_BENCHMARKS = ("overhead", "matmul", "transfer", "par_iter", "kernels", "ops", "dask")  # tools/gpu-check.sh, --quick
 
 # Distribution names to try for each component; the first one installed is reported.
 COMPONENT_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -90,6 +90,8 @@ def collect_info(runtime: Runtime) -> dict[str, Any]:
         "config": {name: {"value": values[name], "source": config.sources[name]}
                    for name in FIELD_SPECS},
         "gpu": gpu_info,
+        "scheduler": {"threads": config.threads} if runtime.dask is None
+        else runtime.dask.describe(),
     }
 
 
@@ -101,6 +103,7 @@ def format_info(info: dict[str, Any]) -> str:
     lines += ["", "config (value, source):"]
     lines += [f"  {name:<20} {entry['value']!r:<14} {entry['source']}"
               for name, entry in info["config"].items()]
+    lines += ["", *_scheduler_lines(info["scheduler"])]
     gpu = info["gpu"]
     lines.append("")
     if not gpu["available"]:
@@ -116,6 +119,18 @@ def format_info(info: dict[str, Any]) -> str:
                      f"{row['total_mb']:>10.0f} {row['free_mb']:>10.0f} {utilization:>6}  "
                      f"{row['pci_bus_id']}")
     return "\n".join(lines)
+
+
+def _scheduler_lines(scheduler: dict[str, Any]) -> list[str]:
+    if "address" not in scheduler:
+        return [f"scheduler: threads ({scheduler['threads']} workers)"]
+    started = f", embedded {scheduler['embedded']}" if scheduler["embedded"] else ""
+    lines = [f"scheduler: Dask scheduler {scheduler['address']}{started}, "
+             f"{len(scheduler['workers'])} worker(s)",
+             f"  dashboard: {scheduler['dashboard'] or 'none (bokeh not installed)'}"]
+    lines += [f"  {worker['address']:<28} {worker['threads']} thread(s), GPUs: "
+              f"{', '.join(worker['gpus']) or 'none'}" for worker in scheduler["workers"]]
+    return lines
 
 
 def _info(arguments: argparse.Namespace) -> int:

@@ -53,7 +53,17 @@ class Config:
       scheduler ["threads"]: "threads" or "dask".
       device_processes [True]: a gpu_map over several devices runs each device's items in a
         worker process of its own (docs/par_iter.md); False keeps every lane in this process.
-      dask_address [None]: address of a Dask scheduler; None starts a local cluster.
+      dask_address [None]: address of a running Dask scheduler to connect to, e.g.
+        "tcp://10.0.0.5:8786"; None (and no ``dask_client``) starts an embedded cluster.
+      dask_client [None]: a ``distributed.Client`` of the caller's to run on (never closed by
+        vedart); builder only, not from the environment, and not pickled with the Config.
+      dask_workers [None = one per core, or one per GPU on a dask-cuda cluster]: worker
+        processes of the embedded cluster.
+      dask_cluster ["auto"]: the embedded cluster's kind: "cuda" (dask-cuda's
+        LocalCUDACluster, one worker per GPU), "cpu" (distributed's LocalCluster) or "auto"
+        ("cuda" when dask-cuda is installed and a GPU is visible, else "cpu").
+      dask_timeout [10.0]: seconds to wait for a Dask scheduler to answer (connecting, and
+        during a pipeline once it stops answering) before raising.
       progress [False]: show progress bars in par_iter terminals.
       log_level [None]: level of the ``vedart`` logger; None leaves logging alone.
       profile_path [None = user cache dir]: the adaptive cost model's profile file.
@@ -76,6 +86,10 @@ class Config:
     scheduler: str = "threads"
     device_processes: bool = True
     dask_address: str | None = None
+    dask_client: Any = None
+    dask_workers: int | None = None
+    dask_cluster: str = "auto"
+    dask_timeout: float = 10.0
     progress: bool = False
     log_level: str | None = None
     profile_path: str | None = None
@@ -88,9 +102,11 @@ class Config:
         object.__setattr__(self, "sources", MappingProxyType(known_sources))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled as its field values and their sources (for device worker processes)."""
-        return (_config_from, ({name: getattr(self, name) for name in FIELD_SPECS},
-                               dict(self.sources)))
+        """Pickled as its field values and their sources (for worker processes), without
+        ``dask_client`` (a connection of this process)."""
+        values = {name: getattr(self, name) for name in FIELD_SPECS}
+        values["dask_client"] = None
+        return (_config_from, (values, dict(self.sources)))
 
     @staticmethod
     def builder() -> ConfigBuilder:
@@ -98,12 +114,16 @@ class Config:
         return ConfigBuilder()
 
     def as_dict(self) -> dict[str, Any]:
-        """The field values as plain JSON-friendly data (tuples become lists)."""
-        return {
+        """The field values as plain JSON-friendly data (tuples become lists, a Dask client
+        its repr)."""
+        values = {
             name: list(value) if isinstance(value, tuple) else value
             for name in FIELD_SPECS
             for value in [getattr(self, name)]
         }
+        if values["dask_client"] is not None:
+            values["dask_client"] = repr(values["dask_client"])
+        return values
 
 
 def _config_from(values: dict[str, Any], sources: dict[str, str]) -> Config:
@@ -180,6 +200,32 @@ def _real(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError("not a finite number")
     return float(value)
+
+
+def _check_optional_positive_int(value: Any) -> int | None:
+    return None if value is None else _check_positive_int(value)
+
+
+def _check_timeout(value: Any) -> float:
+    number = _real(value)
+    if number <= 0.0:
+        raise ValueError("not positive")
+    return number
+
+
+def _check_dask_client(value: Any) -> Any:
+    # Duck-typed: this layer does not import distributed.
+    if value is not None and not (hasattr(value, "submit") and hasattr(value, "scheduler_info")):
+        raise TypeError("not a distributed.Client")
+    return value
+
+
+def _not_from_env(text: str) -> Any:
+    raise ValueError("cannot come from the environment")
+
+
+def _optional_int_from_env(text: str) -> int | None:
+    return None if text.strip().lower() in ("", "none", "auto") else int(text)
 
 
 def _check_headroom(value: Any) -> float:
@@ -277,6 +323,12 @@ FIELD_SPECS: dict[str, FieldSpec] = {
         _bool_spec("device_processes"),
         FieldSpec("dask_address", "None or a non-empty address string such as "
                   "'tcp://10.0.0.5:8786'", _check_optional_text, _identity),
+        FieldSpec("dask_client", "None or a distributed.Client (builder only, not from the "
+                  "environment)", _check_dask_client, _not_from_env),
+        FieldSpec("dask_workers", "None (one per core, or per GPU on a dask-cuda cluster) or "
+                  "an int >= 1", _check_optional_positive_int, _optional_int_from_env),
+        _choice_spec("dask_cluster", ("auto", "cpu", "cuda")),
+        FieldSpec("dask_timeout", "a number of seconds > 0", _check_timeout, float),
         _bool_spec("progress"),
         FieldSpec("log_level", "None or one of " + ", ".join(LOG_LEVELS), _check_log_level,
                   _lower),
@@ -338,6 +390,18 @@ class ConfigBuilder:
 
     def dask_address(self, address: str | None) -> ConfigBuilder:
         return self._set("dask_address", address)
+
+    def dask_client(self, client: Any) -> ConfigBuilder:
+        return self._set("dask_client", client)
+
+    def dask_workers(self, count: int | None) -> ConfigBuilder:
+        return self._set("dask_workers", count)
+
+    def dask_cluster(self, kind: str) -> ConfigBuilder:
+        return self._set("dask_cluster", kind)
+
+    def dask_timeout(self, seconds: float) -> ConfigBuilder:
+        return self._set("dask_timeout", seconds)
 
     def device_processes(self, enabled: bool) -> ConfigBuilder:
         return self._set("device_processes", enabled)

@@ -25,6 +25,11 @@ class DeviceError(VedaError, ValueError):
     """A device ordinal was named that the runtime does not have."""
 
 
+class SchedulerUnavailableError(VedaError, ConnectionError):
+    """The Dask scheduler named by ``Config.dask_address`` did not answer within
+    ``Config.dask_timeout`` seconds; the message names the address and the timeout."""
+
+
 class OffloadError(VedaError, RuntimeError):
     """A @gpu call failed on the GPU and ``fallback="raise"`` forbids re-running it on the CPU;
     the GPU's exception is the ``__cause__``."""

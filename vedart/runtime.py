@@ -15,13 +15,9 @@ from vedart.gpu.devices import DeviceProbe
 from vedart.kernels.registry import KERNELS, KernelRegistry
 from vedart.offload.adaptive import AdaptiveModel
 from vedart.offload.profile import ProfileFile, default_profile_path
+from vedart.parallel.dask_scheduler import DaskCluster
 from vedart.parallel.scheduler import Scheduler, shut_down_error
 from vedart.telemetry import Telemetry
-
-# Config values accepted now whose machinery lands later; the runtime says so instead of
-# silently behaving otherwise.
-_NOT_YET_IMPLEMENTED = {("scheduler", "dask"): "threads"}
-
 
 class Runtime:
     """Owns the configuration and the resources built from it.
@@ -30,15 +26,14 @@ class Runtime:
     ``None`` when the configuration disables the GPU. ``telemetry`` records @gpu calls;
     ``cost_model`` is the adaptive model (None under the static rule). ``kernels`` is the
     process-wide @gpu_kernel registry (name -> handle), the same for every runtime because
-    kernels are registered when decorated, before or across runtimes.
+    kernels are registered when decorated, before or across runtimes. ``dask`` is the Dask
+    cluster par_iter runs on under ``scheduler="dask"`` (started here, closed by
+    :meth:`close`), else None.
     """
 
     def __init__(self, config: Config, *, device_probe: DeviceProbe | None = None) -> None:
         self.config = config
         apply_log_level(config.log_level)
-        for (name, value), used in _NOT_YET_IMPLEMENTED.items():
-            if getattr(config, name) == value:
-                logger.warning("%s=%r is not implemented yet; using %r", name, value, used)
         self.telemetry = Telemetry(enabled=config.telemetry)
         self.kernels: KernelRegistry = KERNELS
         self.gpu: GPUContext | None = GPUContext(config, device_probe) if config.gpu else None
@@ -54,6 +49,14 @@ class Runtime:
         if self.gpu is not None and not self.gpu.is_available():
             logger.info("GPU unavailable: %s; @gpu functions run on the CPU",
                         self.gpu.unavailable_reason)
+        self.dask: DaskCluster | None = None
+        if config.scheduler == "dask":
+            try:
+                self.dask = DaskCluster.start(config, len(self.gpu.devices) if self.gpu else 0)
+            except BaseException:
+                if self.gpu is not None:
+                    self.gpu.close()
+                raise
 
     @property
     def closed(self) -> bool:
@@ -79,6 +82,8 @@ class Runtime:
             scheduler = self._scheduler
         if scheduler is not None:
             scheduler.shutdown()
+        if self.dask is not None:
+            self.dask.close()
         if self.cost_model is not None:
             self.cost_model.save()
         if self.gpu is not None:
@@ -98,5 +103,8 @@ def empty_cache() -> None:
 
 def report(file: TextIO | None = None) -> None:
     """Print the current runtime's per-function @gpu table (calls by path, mean phase times,
-    bytes moved, last decision and its reason)."""
-    print(lifecycle.get_runtime().telemetry.report(), file=sys.stdout if file is None else file)
+    bytes moved, last decision and its reason), with the Dask workers' calls gathered first."""
+    runtime = lifecycle.get_runtime()
+    if runtime.dask is not None and runtime.telemetry.enabled:
+        runtime.dask.gather_telemetry(runtime.telemetry)
+    print(runtime.telemetry.report(), file=sys.stdout if file is None else file)

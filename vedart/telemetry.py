@@ -203,6 +203,7 @@ class Telemetry:
         self._recent: deque[CallRecord] = deque(maxlen=recent_limit)
         self._placements: deque[Placement] = deque(maxlen=recent_limit)
         self._placement_counts: dict[tuple[str, str, int | None], int] = {}
+        self._remote: dict[tuple[str, str], FunctionStats] = {}
 
     def function(self, name: str, threshold: int | None = None) -> FunctionStats:
         """The stats of function ``name``, created on first use; ``threshold``, when given, is
@@ -245,6 +246,15 @@ class Telemetry:
         with self._lock:
             return dict(self._placement_counts)
 
+    def merge_remote(self, source: str, name: str, delta: dict[str, Any]) -> None:
+        """Add the calls of function ``name`` that another process made (a Dask worker,
+        ``source`` naming it and its device) to the function's stats and to that source's
+        own row of :meth:`report`. ``delta`` is a difference of two ``FunctionStats.totals``."""
+        self.function(name).merge(delta)
+        with self._lock:
+            stats = self._remote.setdefault((source, name), FunctionStats(name))
+        stats.merge(delta)
+
     def functions(self) -> list[FunctionStats]:
         """The stats of every function seen so far."""
         with self._lock:
@@ -255,8 +265,10 @@ class Telemetry:
         with self._lock:
             functions = list(self._functions.values())
             kernels = list(self._kernels.values())
+            remote = list(self._remote.items())
         return {
             "functions": [stats.as_dict() for stats in functions],
+            "workers": [{"worker": source, **stats.as_dict()} for (source, _), stats in remote],
             "kernels": [stats.as_dict() for stats in kernels],
             "recent": [asdict(record) for record in self.recent()],
         }
@@ -287,16 +299,26 @@ class Telemetry:
                 f"{mean['to_host'] * 1e3:>10.3f} {moved:>9} {rate:>6}  "
                 f"{row['last_path']}: {row['last_reason']}"
             )
-        return "\n".join(lines) + self._kernel_table()
+        return "\n".join(lines) + self._worker_table() + self._kernel_table()
+
+    def _worker_table(self) -> str:
+        """The per-worker table report() appends ("" when no worker process reported)."""
+        rows = self.snapshot()["workers"]
+        if not rows:
+            return ""
+        return _appended_table(
+            f"{'worker (device)':<48} {'function':<24} {'calls':>6} {'gpu':>5} {'cpu':>5} "
+            f"{'fallbk':>6}",
+            [f"{row['worker'][-48:]:<48} {row['function'][-24:]:<24} {row['calls']:>6} "
+             f"{row['gpu_calls']:>5} {row['cpu_calls']:>5} {row['fallback_calls']:>6}"
+             for row in rows])
 
     def _kernel_table(self) -> str:
         """The @gpu_kernel table report() appends ("" before the first kernel launch)."""
         rows = self.snapshot()["kernels"]
         if not rows:
             return ""
-        header = (f"{'kernel':<32} {'launches':>8} {'gpu':>6} {'simul':>6} {'cpu':>6} "
-                  f"{'compile s':>9} {'mean kernel ms':>14}")
-        lines = ["", "", header, "-" * len(header)]
+        lines = []
         for row in rows:
             mean = "-" if row["mean_kernel_seconds"] is None else \
                 f"{row['mean_kernel_seconds'] * 1e3:.3f}"
@@ -304,4 +326,10 @@ class Telemetry:
                 f"{row['kernel'][-32:]:<32} {row['launches']:>8} {row['gpu_launches']:>6} "
                 f"{row['simulator_launches']:>6} {row['cpu_launches']:>6} "
                 f"{row['compile_seconds']:>9.3f} {mean:>14}")
-        return "\n".join(lines)
+        return _appended_table(f"{'kernel':<32} {'launches':>8} {'gpu':>6} {'simul':>6} "
+                               f"{'cpu':>6} {'compile s':>9} {'mean kernel ms':>14}", lines)
+
+
+def _appended_table(header: str, rows: list[str]) -> str:
+    """A table appended to report(): a blank line, the header, a rule, the rows."""
+    return "\n".join(["", "", header, "-" * len(header), *rows])

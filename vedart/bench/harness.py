@@ -61,18 +61,21 @@ def round_orders(names: list[str], rounds: int) -> list[list[str]]:
 
 def interleaved_medians(runs: dict[str, Callable[[], Any]], *, repeats: int,
                         warmup: dict[str, int] | None = None,
-                        synchronize: dict[str, Callable[[], None]] | None = None
+                        synchronize: dict[str, Callable[[], None]] | None = None,
+                        setup: dict[str, Callable[[], None]] | None = None
                         ) -> dict[str, float]:
     """Median wall-clock seconds of each of ``runs`` over ``repeats`` rounds of
     :func:`interleaved_samples`."""
-    samples = interleaved_samples(runs, repeats=repeats, warmup=warmup, synchronize=synchronize)
+    samples = interleaved_samples(runs, repeats=repeats, warmup=warmup, synchronize=synchronize,
+                                  setup=setup)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def interleaved_samples(runs: dict[str, Callable[[], Any]], *, repeats: int,
                         warmup: dict[str, int] | None = None,
                         synchronize: dict[str, Callable[[], None]] | None = None,
-                        budget_s: float = 0.0, max_repeats: int = 0
+                        budget_s: float = 0.0, max_repeats: int = 0,
+                        setup: dict[str, Callable[[], None]] | None = None
                         ) -> dict[str, list[float]]:
     """Wall-clock seconds of each of ``runs``, timed in turn (one sample of each per round) so
     a slow spell of the machine affects all of them alike, in the orders of
@@ -82,10 +85,12 @@ def interleaved_samples(runs: dict[str, Callable[[], Any]], *, repeats: int,
     until ``budget_s`` seconds of rounds have passed, up to ``max_repeats`` rounds in all (a
     cheap case gets many samples; the stop is read from elapsed time, not from a first round
     that may have been slow). ``warmup[name]`` untimed runs first (default 1),
-    ``synchronize[name]`` inside its spans."""
-    warmup, synchronize = warmup or {}, synchronize or {}
+    ``synchronize[name]`` inside its spans, ``setup[name]`` untimed before each of its runs
+    (installing the runtime it runs on, say)."""
+    warmup, synchronize, setup = warmup or {}, synchronize or {}, setup or {}
     for name, run in runs.items():
         for _ in range(warmup.get(name, 1)):
+            setup.get(name, _nothing)()
             run()
         if name in synchronize:
             synchronize[name]()
@@ -96,12 +101,17 @@ def interleaved_samples(runs: dict[str, Callable[[], Any]], *, repeats: int,
         if done >= repeats and done % cycle == 0 and time.perf_counter() - began >= budget_s:
             break
         for name in order:
+            setup.get(name, _nothing)()
             started = time.perf_counter()
             runs[name]()
             if name in synchronize:
                 synchronize[name]()
             samples[name].append(time.perf_counter() - started)
     return samples
+
+
+def _nothing() -> None:
+    pass
 
 
 def environment(device_name: str | None) -> dict[str, Any]:

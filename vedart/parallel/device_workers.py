@@ -356,7 +356,7 @@ def _send_result(conn: Connection, seq: int, outcome: Outcome) -> None:
 # --- the parent's side ----------------------------------------------------------------------
 
 
-def _visible_device(ordinal: int) -> str:
+def visible_device(ordinal: int) -> str:
     """The ``CUDA_VISIBLE_DEVICES`` entry of this process's device ``ordinal`` (under a job
     scheduler's ``CUDA_VISIBLE_DEVICES=2,3``, ordinal 0 is physical device 2)."""
     entries = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
@@ -399,7 +399,7 @@ class DeviceWorker:
                  f"worker_main; worker_main({theirs.fileno()})"],
                 pass_fds=(theirs.fileno(),), env=_worker_environment(),
                 start_new_session=True)  # a Ctrl-C in the terminal is the parent's to handle
-            self._conn.send(("start", _visible_device(ordinal), config, self._memory.name))
+            self._conn.send(("start", visible_device(ordinal), config, self._memory.name))
         except BaseException:
             self._stop()
             raise

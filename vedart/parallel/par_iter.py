@@ -38,6 +38,7 @@ from vedart.offload.force import forced_path
 from vedart.parallel.adapters import Chunk, Enumerate, Skip, Take, Zip
 from vedart.parallel.async_map import DEFAULT_CONCURRENCY, AsyncMapReader
 from vedart.parallel.batch import Batch, ItemFailure, Reader, SourceReader
+from vedart.parallel.dask_scheduler import DASK_TASK_SECONDS, DaskReader
 from vedart.parallel.device_workers import DeviceWorkers, function_payload
 from vedart.parallel.elementwise import KINDS, Step, fuse
 from vedart.parallel.gpu_lanes import current_lane
@@ -358,6 +359,9 @@ class ParIter(Generic[T]):
     def _fused(self, upstream: Reader, steps: list[Step], runtime: Runtime) -> Reader:
         if not steps:
             return upstream
+        if runtime.dask is not None:
+            return DaskReader(upstream, steps, runtime.dask,
+                              ChunkPolicy(self._chunk_size, DASK_TASK_SECONDS), runtime.telemetry)
         return ParallelReader(upstream, fuse(steps), runtime.scheduler,
                               ChunkPolicy(self._chunk_size))
 
@@ -410,11 +414,18 @@ def _as_step(stage: _Stage, runtime: Runtime) -> Step | None:
     """The element-wise step ``stage`` runs as, or None for a positional or lane stage.
 
     gpu_map is a plain map of its @gpu function when no GPU is usable (the function then runs
-    on the CPU), and inside a lane's item (so lanes never wait on lanes; each item is still
-    decided by @gpu)."""
+    on the CPU), inside a lane's item (so lanes never wait on lanes; each item is still
+    decided by @gpu), and on Dask (each worker's runtime decides and uses its own GPU)."""
     if stage.kind in KINDS:
         assert stage.function is not None
         return Step(stage.kind, stage.function, stage.label)
+    if stage.kind == "gpu_map" and runtime.dask is not None:
+        if stage.argument is not None:
+            raise ConfigError(f"gpu_map(device): got {stage.argument!r} under "
+                              "scheduler='dask'; allowed: None (each Dask worker uses the "
+                              "GPUs it sees)")
+        assert stage.function is not None
+        return Step("map", stage.function, stage.label)
     if stage.kind == "gpu_map" and not (runtime.gpu and current_lane() is None):
         assert stage.function is not None
         return Step("map", stage.function, stage.label)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError
 from contextvars import copy_context
 from functools import partial
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from vedart.errors import ParIterError
 from vedart.parallel.batch import Batch, Reader, Stage
@@ -37,6 +37,15 @@ class Lanes(Protocol):
 
 
 L = TypeVar("L", bound=Lanes)
+
+
+class Pending(Protocol):
+    """Work in flight that makes one batch: a :class:`Task`, or a Dask task's handle."""
+
+    def cancel(self) -> Any: ...
+
+
+P = TypeVar("P", bound=Pending)
 
 TARGET_TASK_SECONDS = 0.002  # long enough to amortise a task's ~20 us, short enough to cancel fast
 MAX_CHUNK = 8192             # items per task, which also bounds memory per task
@@ -123,11 +132,12 @@ def in_context(work: Callable[..., R], *args: Any) -> Callable[[], R]:
 
 class ChunkPolicy:
     """How many items one task gets: the user's ``par_iter(chunk_size=N)``, or, automatically,
-    enough for about TARGET_TASK_SECONDS of work by the latest measured seconds per item
+    enough for about ``target_seconds`` of work by the latest measured seconds per item
     (starting at 1, so costly items never wait behind each other in one task)."""
 
-    def __init__(self, fixed: int | None) -> None:
+    def __init__(self, fixed: int | None, target_seconds: float = TARGET_TASK_SECONDS) -> None:
         self._fixed = fixed
+        self._target_seconds = target_seconds
         self.size = 1 if fixed is None else fixed
 
     def observe(self, items: int, seconds: float) -> None:
@@ -137,12 +147,12 @@ class ChunkPolicy:
             return
         per_item = seconds / items
         self.size = MAX_CHUNK if per_item <= 0 else max(1, min(MAX_CHUNK,
-                                                              int(TARGET_TASK_SECONDS / per_item)))
+                                                              int(self._target_seconds / per_item)))
 
 
-class WindowedReader(Stage):
-    """A stage that computes ahead on other threads: up to ``window`` tasks in flight, each
-    making one output batch, delivered in the order they were pushed.
+class WindowedReader(Stage, Generic[P]):
+    """A stage that computes ahead elsewhere: up to ``window`` tasks in flight (of type
+    ``P``), each making one output batch, delivered in the order they were pushed.
 
     A ParIterError from upstream (the source failed) is raised only after the batches read
     before it have been delivered. ``close()`` cancels the tasks not yet started; running ones
@@ -152,7 +162,7 @@ class WindowedReader(Stage):
     def __init__(self, upstream: Reader, window: int) -> None:
         super().__init__(upstream)
         self._window = window
-        self._tasks: deque[Task[Batch]] = deque()
+        self._tasks: deque[P] = deque()
         self._ended = False
         self._deferred: ParIterError | None = None
 
@@ -168,9 +178,9 @@ class WindowedReader(Stage):
             return None
         return self._await(self._tasks.popleft())
 
-    def _await(self, task: Task[Batch]) -> Batch:
+    @abstractmethod
+    def _await(self, task: P) -> Batch:
         """The batch of the oldest task in flight, once it is done."""
-        return wait_for(task)
 
     @abstractmethod
     def _fill(self) -> None:
@@ -180,7 +190,7 @@ class WindowedReader(Stage):
     def _has_room(self) -> bool:
         return len(self._tasks) < self._window
 
-    def _push(self, task: Task[Batch]) -> None:
+    def _push(self, task: P) -> None:
         self._tasks.append(task)
 
     def close(self) -> None:
@@ -190,7 +200,7 @@ class WindowedReader(Stage):
         super().close()
 
 
-class ItemwiseReader(WindowedReader):
+class ItemwiseReader(WindowedReader[Task[Batch]]):
     """A windowed stage that takes its upstream one item at a time: :meth:`_dispatch` gets
     each (pushing tasks as it sees fit) while there is room, upstream being read
     ``chunks.size`` items at a time; :meth:`_upstream_ended` runs once when it is
@@ -201,6 +211,9 @@ class ItemwiseReader(WindowedReader):
         self._chunks = chunks
         self._inbox = Batch([], [])
         self._inbox_position = 0
+
+    def _await(self, task: Task[Batch]) -> Batch:
+        return wait_for(task)
 
     def _fill(self) -> None:
         while self._has_room():
@@ -224,15 +237,12 @@ class ItemwiseReader(WindowedReader):
         """Called once when upstream is exhausted (nothing by default)."""
 
 
-class ParallelReader(WindowedReader):
-    """Runs ``work`` (a Batch -> Batch function) over upstream batches on the worker pool,
-    ``chunks.size`` items per task."""
+class BatchwiseReader(WindowedReader[P]):
+    """A windowed stage that reads upstream ``chunks.size`` items at a time and starts one
+    task per batch (:meth:`_start`)."""
 
-    def __init__(self, upstream: Reader, work: Callable[[Batch], Batch], scheduler: Scheduler,
-                 chunks: ChunkPolicy) -> None:
-        super().__init__(upstream, WINDOW_PER_THREAD * scheduler.threads)
-        self._work = work
-        self._scheduler = scheduler
+    def __init__(self, upstream: Reader, window: int, chunks: ChunkPolicy) -> None:
+        super().__init__(upstream, window)
         self._chunks = chunks
 
     def _fill(self) -> None:
@@ -241,8 +251,28 @@ class ParallelReader(WindowedReader):
             if batch is None:
                 self._ended = True
                 return
-            self._push(self._scheduler.submit(Task(in_context(_timed, self._work, batch,
-                                                              self._chunks))))
+            self._push(self._start(batch))
+
+    @abstractmethod
+    def _start(self, batch: Batch) -> P:
+        """The task in flight computing ``batch``'s output."""
+
+
+class ParallelReader(BatchwiseReader[Task[Batch]]):
+    """Runs ``work`` (a Batch -> Batch function) over upstream batches on the worker pool,
+    ``chunks.size`` items per task."""
+
+    def __init__(self, upstream: Reader, work: Callable[[Batch], Batch], scheduler: Scheduler,
+                 chunks: ChunkPolicy) -> None:
+        super().__init__(upstream, WINDOW_PER_THREAD * scheduler.threads, chunks)
+        self._work = work
+        self._scheduler = scheduler
+
+    def _start(self, batch: Batch) -> Task[Batch]:
+        return self._scheduler.submit(Task(in_context(_timed, self._work, batch, self._chunks)))
+
+    def _await(self, task: Task[Batch]) -> Batch:
+        return wait_for(task)
 
 
 def _timed(work: Callable[[Batch], Batch], batch: Batch, chunks: ChunkPolicy) -> Batch:

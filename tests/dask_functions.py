@@ -1,0 +1,52 @@
+"""Module-level functions for tests/test_dask.py: Dask workers import them by reference."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+import vedart as veda
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def is_even(x: int) -> bool:
+    return x % 2 == 0
+
+
+def repeat_twice(x: int) -> list[int]:
+    return [x, x]
+
+
+def with_pid(x: int) -> tuple[int, int]:
+    return x, os.getpid()
+
+
+def slow_identity(x: int) -> int:
+    time.sleep(0.01)
+    return x
+
+
+def fails_on_seven(x: int) -> int:
+    if x == 7:
+        raise ArithmeticError("item seven")
+    return x
+
+
+@veda.gpu
+def scaled_column_sums(matrix: np.ndarray) -> np.ndarray:
+    return (matrix * 2.0).sum(axis=0)
+
+
+def worker_threshold() -> int:
+    """The offload threshold of the calling process's vedart runtime."""
+    return veda.get_runtime().config.offload_threshold
+
+
+def returns_a_generator(x: int) -> Any:
+    return (value for value in range(x))

@@ -1,0 +1,50 @@
+"""par_iter on a one-GPU dask-cuda LocalCUDACluster (``pytest -m gpu``, skipped without
+dask-cuda): gpu_map results equal NumPy's, the worker's calls run on its GPU and its telemetry
+reaches the client's report, and @veda.gpu works inside the user's own Dask tasks."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from dask_functions import scaled_column_sums
+
+import vedart as veda
+from vedart.bench.par_iter import process
+
+pytestmark = pytest.mark.gpu
+pytest.importorskip("dask_cuda")
+
+RTOL_FLOAT32 = 1e-4  # 1000-term float32 dot products summed 1000 times, cuBLAS vs CPU BLAS
+
+
+def test_gpu_map_on_a_local_cuda_cluster_equals_numpy_and_reports_the_gpu() -> None:
+    runtime = veda.init(veda.Config.builder().scheduler("dask").devices([0])
+                        .cost_model("static").build())
+    assert runtime.dask is not None
+    assert type(runtime.dask.cluster).__name__ == "LocalCUDACluster"  # "auto" with dask-cuda
+    workers = runtime.dask.describe()["workers"]
+    assert len(workers) == 1 and len(workers[0]["gpus"]) == 1, workers
+    assert workers[0]["gpus"][0].startswith("GPU 0: "), workers
+
+    rng = np.random.default_rng(11)
+    matrices = [rng.random((1000, 1000), dtype=np.float32) for _ in range(16)]
+    results = veda.par_iter(matrices).gpu_map(process).collect()
+    assert len(results) == len(matrices)
+    for result, matrix in zip(results, matrices):
+        expected = process(matrix)
+        assert type(result) is np.ndarray and result.dtype == expected.dtype == np.float32
+        np.testing.assert_allclose(result, expected, rtol=RTOL_FLOAT32)
+
+    own = runtime.dask.client.submit(scaled_column_sums, matrices[0]).result()
+    np.testing.assert_allclose(own, (matrices[0] * 2.0).sum(axis=0), rtol=RTOL_FLOAT32)
+
+    printed = io.StringIO()
+    veda.report(file=printed)  # gathers the worker's telemetry first
+    rows = runtime.telemetry.snapshot()["workers"]
+    by_function = {row["function"].rsplit(".", 1)[-1]: row for row in rows}
+    assert by_function["process"]["gpu_calls"] == 16, rows
+    assert by_function["scaled_column_sums"]["gpu_calls"] == 1, rows
+    assert all("(GPU 0: " in row["worker"] for row in rows), rows
+    assert "(GPU 0: " in printed.getvalue()

@@ -1,0 +1,342 @@
+"""par_iter on Dask distributed, on a real LocalCluster of two worker processes (started once
+for the module): the same results, order, errors and terminals as the thread scheduler;
+functions and items that cannot be pickled; a worker killed mid-run; starting, connecting and
+shutting down."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+from dask_functions import (
+    fails_on_seven,
+    is_even,
+    repeat_twice,
+    scaled_column_sums,
+    slow_identity,
+    square,
+    with_pid,
+    worker_threshold,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import vedart as veda
+from vedart.cli import collect_info, format_info
+from vedart.parallel.dask_scheduler import DASK_WINDOW_PER_THREAD
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as local:
+        yield local
+
+
+@pytest.fixture
+def client(cluster: Any) -> Iterator[Any]:
+    with distributed.Client(cluster, set_as_default=False) as connected:
+        yield connected
+
+
+def on_dask(client: Any, **options: Any) -> veda.Runtime:
+    builder = veda.Config.builder().scheduler("dask").dask_client(client)
+    for name, value in options.items():
+        getattr(builder, name)(value)
+    return veda.init(builder.build())
+
+
+def outcome(run: Callable[[], Any]) -> tuple[Any, ...]:
+    """("ok", value) or ("error", type, index, stage, message) of ``run()``."""
+    try:
+        return ("ok", run())
+    except veda.ParIterError as error:
+        return ("error", type(error.__cause__).__name__, error.index, error.stage, str(error))
+    except Exception as error:
+        return ("error", type(error).__name__, str(error))
+
+
+STAGES = st.sampled_from([("map", square), ("filter", is_even), ("flat_map", repeat_twice),
+                          ("gpu_map", square), ("map", fails_on_seven)]) | \
+    st.tuples(st.sampled_from(["take", "skip"]), st.integers(0, 30))
+
+TERMINALS: dict[str, Callable[[veda.ParIter[Any]], Any]] = {
+    "collect": lambda p: p.collect(),
+    "collect_skip": lambda p: p.collect(errors="skip"),
+    "collect_return": lambda p: [repr(v) for v in p.collect(errors="return")],
+    "collect_progress": lambda p: p.collect(errors="skip", progress=True),
+    "sum": lambda p: p.sum(),
+    "count": lambda p: p.count(),
+    "min": lambda p: p.min(default=None),
+    "max": lambda p: p.max(key=square, default=None),
+    "any": lambda p: p.any(is_even),
+    "all": lambda p: p.all(),
+    "fold": lambda p: p.fold(0, operator.add),
+    "reduce": lambda p: p.reduce(operator.add),
+    "to_dict": lambda p: p.to_dict(is_even),
+    "for_each": lambda p: p.for_each(square),
+    "enumerate_chunk": lambda p: p.enumerate(1).chunk(3).collect(),
+}
+
+
+def results(source: list[int], stages: list[tuple[str, Any]]) -> dict[str, tuple[Any, ...]]:
+    def pipeline() -> veda.ParIter[Any]:
+        described = veda.par_iter(source)
+        for kind, argument in stages:
+            described = getattr(described, kind)(argument)
+        return described
+
+    return {name: outcome(lambda: terminal(pipeline())) for name, terminal in TERMINALS.items()}
+
+
+@settings(max_examples=6, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(source=st.lists(st.integers(0, 40), max_size=60), stages=st.lists(STAGES, max_size=4))
+def test_every_terminal_equals_the_thread_scheduler(client: Any, source: list[int],
+                                                    stages: list[tuple[str, Any]]) -> None:
+    veda.init(veda.Config.builder().scheduler("threads").build())
+    expected = results(source, stages)
+    on_dask(client)
+    assert results(source, stages) == expected
+
+
+def test_results_in_input_order_each_once_from_both_workers(client: Any) -> None:
+    on_dask(client)
+    pairs = veda.par_iter(range(400), chunk_size=7).map(with_pid).collect()
+    assert [value for value, _ in pairs] == list(range(400))
+    worker_pids = set(client.run(os.getpid).values())
+    assert {pid for _, pid in pairs} == worker_pids and os.getpid() not in worker_pids
+
+
+def test_an_endless_source_is_read_only_as_far_as_the_window(client: Any) -> None:
+    on_dask(client)
+    read: list[int] = []
+
+    def endless() -> Iterator[int]:
+        for value in itertools.count():
+            read.append(value)
+            yield value
+
+    assert veda.par_iter(endless(), chunk_size=3).map(square).take(5).collect() == \
+        [0, 1, 4, 9, 16]
+    # chunk x (the window of tasks in flight on two single-threaded workers, refilled once)
+    assert len(read) <= 3 * (DASK_WINDOW_PER_THREAD * 2 + 1)
+
+
+def test_an_item_that_raises_names_its_index_and_stage(client: Any) -> None:
+    on_dask(client)
+    with pytest.raises(veda.ParIterError, match=r"item 7 failed in stage #2 map\(fails_on") \
+            as raised:
+        veda.par_iter(range(20)).flat_map(repeat_twice).map(fails_on_seven).collect()
+    assert raised.value.index == 7 and raised.value.stage == "#2 map(fails_on_seven)"
+    assert isinstance(raised.value.__cause__, ArithmeticError)
+    returned = veda.par_iter(range(10)).map(fails_on_seven).collect(errors="return")
+    assert isinstance(returned[7], ArithmeticError) and returned[:7] == list(range(7))
+    assert veda.par_iter(range(10)).map(fails_on_seven).collect(errors="skip") == \
+        [0, 1, 2, 3, 4, 5, 6, 8, 9]
+
+
+def test_an_unpicklable_function_fails_before_any_item_is_read(client: Any) -> None:
+    on_dask(client)
+    lock = threading.Lock()
+    read: list[int] = []
+
+    def source() -> Iterator[int]:
+        for value in range(5):
+            read.append(value)
+            yield value
+
+    with pytest.raises(veda.ParIterError, match=r"stage #2 map\(holds_a_lock\) cannot run on "
+                                                r"Dask workers.*cannot be pickled.*lock") as raised:
+        veda.par_iter(source()).map(square).map(_holding(lock)).collect()
+    assert raised.value.stage == "#2 map(holds_a_lock)"
+    assert read == []
+
+
+def _holding(lock: Any) -> Callable[[int], int]:
+    def holds_a_lock(x: int) -> int:
+        with lock:
+            return x
+
+    return holds_a_lock
+
+
+def test_an_unpicklable_item_fails_naming_its_index(client: Any) -> None:
+    on_dask(client)
+    items: list[Any] = [1, 2, threading.Lock(), 4]
+    with pytest.raises(veda.ParIterError, match=r"item 2 cannot be sent to a Dask worker for "
+                                                r"stage #1 map\(square\).*lock") as raised:
+        veda.par_iter(items, chunk_size=4).map(square).collect()
+    assert raised.value.index == 2
+
+
+def test_gpu_map_runs_the_gpu_machinery_in_the_workers_and_reports_them(client: Any) -> None:
+    on_dask(client, gpu=False)  # the workers' @gpu calls then run on the CPU on any host
+    rng = np.random.default_rng(5)
+    matrices = [rng.random((30, 20)) for _ in range(12)]
+    got = veda.par_iter(matrices).gpu_map(scaled_column_sums).collect()
+    for result, matrix in zip(got, matrices):
+        assert type(result) is np.ndarray and result.dtype == np.float64
+        np.testing.assert_allclose(result, (matrix * 2.0).sum(axis=0))
+    snapshot = veda.get_runtime().telemetry.snapshot()
+    rows = {row["function"]: row for row in snapshot["functions"]}
+    assert rows["dask_functions.scaled_column_sums"]["calls"] == 12
+    workers = [row for row in snapshot["workers"]
+               if row["function"] == "dask_functions.scaled_column_sums"]
+    assert sum(row["calls"] for row in workers) == 12
+    assert all(row["worker"].startswith("tcp://") and "(CPU)" in row["worker"]
+               for row in workers)
+    with pytest.raises(veda.ConfigError, match=r"gpu_map\(device\): got 0 under "
+                                               r"scheduler='dask'"):
+        veda.par_iter(matrices).gpu_map(scaled_column_sums, device=0).collect()
+
+
+def test_workers_run_gpu_functions_with_the_clients_config(client: Any) -> None:
+    on_dask(client, offload_threshold="123KB")
+    assert set(client.run(worker_threshold).values()) == {123_000}
+    matrix = np.random.default_rng(2).random((8, 4))
+    np.testing.assert_allclose(client.submit(scaled_column_sums, matrix).result(),
+                               (matrix * 2.0).sum(axis=0))
+
+
+def test_info_shows_the_scheduler_and_its_workers(client: Any) -> None:
+    on_dask(client, gpu=False)
+    info = collect_info(veda.get_runtime())
+    dask = info["scheduler"]
+    assert dask["address"] == client.scheduler.address and len(dask["workers"]) == 2
+    assert all(worker["threads"] == 1 and worker["gpus"] == [] for worker in dask["workers"])
+    assert f"Dask scheduler {client.scheduler.address}" in format_info(info)
+
+
+def test_connecting_by_address_leaves_the_cluster_running(cluster: Any) -> None:
+    runtime = veda.init(veda.Config.builder().scheduler("dask")
+                        .dask_address(cluster.scheduler_address).build())
+    assert runtime.dask is not None and runtime.dask.address == cluster.scheduler_address
+    pairs = veda.par_iter(range(30)).map(with_pid).collect()
+    assert [value for value, _ in pairs] == list(range(30))
+    assert os.getpid() not in {pid for _, pid in pairs}
+    veda.shutdown()
+    with distributed.Client(cluster.scheduler_address, set_as_default=False) as still:
+        assert len(still.nthreads()) == 2
+
+
+def test_a_callers_client_is_never_closed(client: Any) -> None:
+    config = on_dask(client).config
+    assert pickle.loads(pickle.dumps(config)).dask_client is None  # it stays in this process
+    assert config.as_dict()["dask_client"] == repr(client)
+    assert veda.par_iter([3]).map(square).collect() == [9]
+    veda.shutdown()
+    assert client.status == "running" and client.submit(square, 4).result() == 16
+
+
+def test_a_worker_killed_mid_run_still_gives_each_item_once(client: Any) -> None:
+    on_dask(client)
+    victim = min(client.run(os.getpid).values())
+
+    def source() -> Iterator[int]:
+        for value in range(150):
+            if value == 40:
+                os.kill(victim, signal.SIGKILL)
+            yield value
+
+    assert veda.par_iter(source(), chunk_size=2).map(slow_identity).collect() == \
+        list(range(150))
+    assert not psutil.pid_exists(victim) or \
+        psutil.Process(victim).status() == psutil.STATUS_ZOMBIE
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_an_address_that_does_not_answer_raises_within_the_timeout() -> None:
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    config = veda.Config.builder().scheduler("dask").dask_address(address).dask_timeout(0.5)
+    with pytest.raises(veda.SchedulerUnavailableError,
+                       match=rf"the Dask scheduler at '{address}' did not answer within "
+                             r"dask_timeout=0.5 s"):
+        veda.init(config.build())
+
+
+@pytest.mark.parametrize("module, extra", [("distributed", "dask"), ("dask_cuda", "dask-cuda")])
+def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch, module: str,
+                                  extra: str) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # the import fails as when not installed
+    config = veda.Config.builder().scheduler("dask").dask_cluster("cuda").build()
+    with pytest.raises(veda.ConfigError, match=rf"needs the '{module}' package.*"
+                                               rf"pip install 'vedart\[{extra}\]'"):
+        veda.init(config)
+
+
+def test_the_embedded_cluster_leaves_no_process_behind() -> None:
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    runtime = veda.init(veda.Config.builder().scheduler("dask").dask_workers(1).gpu(False)
+                        .build())  # "auto" without a GPU: a LocalCluster on any host
+    assert runtime.dask is not None and type(runtime.dask.cluster).__name__ == "LocalCluster"
+    assert veda.par_iter(range(5)).map(square).collect() == [0, 1, 4, 9, 16]
+    # multiprocessing's resource tracker serves this process until it exits, by design.
+    started = [child for child in psutil.Process().children(recursive=True)
+               if child.pid not in before and "resource_tracker" not in " ".join(child.cmdline())]
+    assert started
+    veda.shutdown()
+    assert [child.pid for child in started
+            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_a_scheduler_that_goes_away_fails_the_pipeline_without_hanging() -> None:
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as doomed:
+        veda.init(veda.Config.builder().scheduler("dask").dask_address(doomed.scheduler_address)
+                  .dask_timeout(2).build())
+
+        def source() -> Iterator[int]:
+            for value in range(100):
+                if value == 10:
+                    doomed.close()  # the scheduler and its worker go away mid-run
+                yield value
+
+        with pytest.raises(veda.ParIterError, match=r"the Dask scheduler at tcp://\S+ went "
+                                                    r"away"):
+            veda.par_iter(source(), chunk_size=1).map(slow_identity).collect()
+        veda.shutdown()
+
+
+def test_the_bench_checks_results_and_skips_the_gpu_row_with_its_reason() -> None:
+    from vedart.bench import dask as bench
+
+    result = bench.run(quick=True, items=20, workers=1, matrices=4)
+    python = result["python_map"]
+    assert python["items"] == 20 and python["workers"] == 1 and python["speedup"] > 0
+    if result["gpu_map"] is not None:  # a host with a GPU and dask-cuda
+        assert result["gpu_map"]["matrices"] == 4 and result["gpu_map"]["ratio"] > 0
+        return
+    assert result["gpu_note"].startswith(("no GPU", "dask-cuda not installed"))
+    assert f"gpu_map on a LocalCUDACluster: skipped: {result['gpu_note']}" in \
+        bench.format_table(result)
+
+
+def test_a_workers_config_keeps_the_clients_settings_and_drops_what_is_the_clients() -> None:
+    from vedart.parallel.dask_worker import worker_config
+
+    client_side = veda.Config.builder().scheduler("dask").dask_address("tcp://h:1") \
+        .offload_threshold("5MB").devices([1, 2]).progress(True).build()
+    on_cpu = worker_config(client_side, 3, own_gpu=False)
+    assert (on_cpu.scheduler, on_cpu.dask_address, on_cpu.threads, on_cpu.devices,
+            on_cpu.progress, on_cpu.device_processes) == ("threads", None, 3, None, False, False)
+    assert on_cpu.offload_threshold == 5_000_000
+    assert worker_config(client_side, 1, own_gpu=True).devices == (0,)  # dask-cuda: its own

@@ -1,0 +1,157 @@
+"""``bench dask``: par_iter on Dask distributed against the in-process thread scheduler.
+
+Targets (issue: par_iter on Dask), as ratios measured in one run, the two schedulers timed in
+interleaved rounds after a warm-up (each round installs its runtime untimed):
+- a GIL-bound pure-Python map, 2,000 items of about 2 ms each, on an embedded LocalCluster of 8
+  single-threaded worker processes: >= 5x faster than the thread scheduler (threads share one
+  interpreter lock; processes do not);
+- ``gpu_map`` over 64 float32 1000x1000 matrices, ``f(M) = (M @ M.T).sum(axis=0)``, on a
+  one-GPU dask-cuda LocalCUDACluster: at most 1.5x the thread scheduler's time (the price of
+  sending every matrix to another process). Results are checked against NumPy's first; the
+  row is skipped, with the reason, without a GPU or dask-cuda.
+Both runtimes use the static rule, so every matrix goes to the GPU on either scheduler.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib.util import find_spec
+from typing import Any
+
+import vedart as veda
+from vedart.bench.harness import interleaved_medians
+from vedart.bench.par_iter import MATRICES, SIZE, _assert_equal_to_numpy, _matrices, process
+from vedart.parallel.dask_scheduler import embedded_cluster, require
+from vedart.parallel.par_iter import par_iter
+
+PYTHON_ITEMS, PYTHON_ITEM_S, PYTHON_WORKERS = 2000, 0.002, 8
+TARGETS = {"python_speedup": 5.0, "gpu_map_max_ratio": 1.5}
+WARM_MATRICES = 4  # an untimed pipeline after each runtime change warms the worker's runtime
+
+
+def spin(rounds: int) -> int:
+    """Pure-Python work that holds the interpreter lock throughout."""
+    total = 0
+    for value in range(rounds):
+        total += value * value % 7
+    return total
+
+
+def _rounds_for(seconds: float) -> int:
+    probe = 100_000
+    started = time.perf_counter()
+    spin(probe)
+    return max(1, int(probe * seconds / (time.perf_counter() - started)))
+
+
+@contextmanager
+def _client(config: veda.Config, gpus: int) -> Iterator[Any]:
+    """A client of the embedded cluster ``config`` describes, closed with its cluster."""
+    distributed = require("distributed")
+    with embedded_cluster(config, gpus) as cluster, \
+            distributed.Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+def _interleaved(runs: dict[str, Callable[[], Any]], configs: dict[str, veda.Config],
+                 repeats: int, warm: Callable[[], Any] | None = None) -> dict[str, float]:
+    def installer(config: veda.Config) -> Callable[[], None]:
+        def install() -> None:
+            veda.init(config)
+            if warm is not None:
+                warm()
+
+        return install
+
+    return interleaved_medians(runs, repeats=repeats,
+                               setup={name: installer(config) for name, config in configs.items()})
+
+
+def _python_map(repeats: int, items: int, workers: int) -> dict[str, Any]:
+    rounds = _rounds_for(PYTHON_ITEM_S)
+    work = [rounds] * items
+    expected = [spin(rounds)] * items
+    cluster = veda.Config.builder().scheduler("dask").dask_cluster("cpu") \
+        .dask_workers(workers).build()
+    with _client(cluster, gpus=0) as client:
+        configs = {"threads": veda.Config.builder().build(),
+                   "dask": veda.Config.builder().scheduler("dask").dask_client(client).build()}
+        for config in configs.values():
+            veda.init(config)
+            assert par_iter(work).map(spin).collect() == expected
+        seconds = _interleaved({name: lambda: par_iter(work).map(spin).collect()
+                                for name in configs}, configs, repeats)
+    veda.shutdown()
+    return {"items": items, "item_ms": PYTHON_ITEM_S * 1e3, "workers": workers,
+            "threads": veda.Config.builder().build().threads,
+            "threads_s": seconds["threads"], "dask_s": seconds["dask"],
+            "speedup": seconds["threads"] / seconds["dask"]}
+
+
+def _gpu_unavailable() -> str | None:
+    runtime = veda.init(veda.Config.builder().build())
+    reason = None if runtime.gpu else \
+        f"no GPU ({runtime.gpu.unavailable_reason if runtime.gpu is not None else 'disabled'})"
+    veda.shutdown()
+    if reason is None and find_spec("dask_cuda") is None:
+        reason = "dask-cuda not installed (pip install 'vedart[dask-cuda]')"
+    return reason
+
+
+def _gpu_map(repeats: int, matrices: int) -> dict[str, Any]:
+    mats = _matrices(matrices, SIZE, seed=42)
+    cluster = veda.Config.builder().scheduler("dask").dask_cluster("cuda").devices([0]).build()
+    with _client(cluster, gpus=1) as client:
+        configs = {"threads": veda.Config.builder().cost_model("static").devices([0]).build(),
+                   "dask": veda.Config.builder().cost_model("static").scheduler("dask")
+                   .dask_client(client).build()}
+        for config in configs.values():
+            veda.init(config)
+            _assert_equal_to_numpy(par_iter(mats).gpu_map(process).collect(), mats)
+        seconds = _interleaved(
+            {name: lambda: par_iter(mats).gpu_map(process).collect() for name in configs},
+            configs, repeats, warm=lambda: par_iter(mats[:WARM_MATRICES]).gpu_map(process)
+            .collect())
+        device = veda.get_runtime().gpu
+    veda.shutdown()
+    return {"matrices": matrices, "shape": [SIZE, SIZE], "dtype": "float32",
+            "device_name": device.devices[0].name if device else None,
+            "threads_s": seconds["threads"], "dask_s": seconds["dask"],
+            "ratio": seconds["dask"] / seconds["threads"]}
+
+
+def run(quick: bool, items: int = PYTHON_ITEMS, workers: int = PYTHON_WORKERS,
+        matrices: int = MATRICES) -> dict[str, Any]:
+    repeats = 3 if quick else 7
+    result: dict[str, Any] = {"suite": "dask", "targets": TARGETS, "samples": repeats,
+                              "python_map": _python_map(repeats, items, workers)}
+    reason = _gpu_unavailable()
+    if reason is not None:
+        result.update(device_name=None, gpu_map=None, gpu_note=reason)
+        return result
+    result["gpu_map"] = _gpu_map(repeats, matrices)
+    result["device_name"] = result["gpu_map"]["device_name"]
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    python = result["python_map"]
+    speedup_met = python["speedup"] >= TARGETS["python_speedup"]
+    lines = [f"GIL-bound map, {python['items']:,} items of {python['item_ms']:.0f} ms: threads "
+             f"({python['threads']}) {python['threads_s']:.2f} s, Dask "
+             f"({python['workers']} worker processes) {python['dask_s']:.2f} s, speedup "
+             f"{python['speedup']:.2f}x (target >= {TARGETS['python_speedup']}) "
+             + ("ok" if speedup_met else "MISSED")]
+    gpu = result["gpu_map"]
+    if gpu is None:
+        lines.append(f"gpu_map on a LocalCUDACluster: skipped: {result['gpu_note']}")
+        return "\n".join(lines)
+    ratio_met = gpu["ratio"] <= TARGETS["gpu_map_max_ratio"]
+    lines.append(f"gpu_map over {gpu['matrices']} float32 {gpu['shape'][0]}x{gpu['shape'][1]} "
+                 f"(results equal NumPy's): threads {gpu['threads_s'] * 1e3:.1f} ms, one-GPU "
+                 f"LocalCUDACluster {gpu['dask_s'] * 1e3:.1f} ms, ratio {gpu['ratio']:.2f}x "
+                 f"(target <= {TARGETS['gpu_map_max_ratio']}) " + ("ok" if ratio_met
+                                                                   else "MISSED"))
+    return "\n".join(lines)

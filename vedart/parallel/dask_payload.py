@@ -1,0 +1,218 @@
+"""What crosses the network when par_iter runs on Dask: a fused chain of stages and batches of
+items, pickled with cloudpickle, and the batch a worker sends back.
+
+On the client, before anything is sent:
+1. :func:`encode_steps` pickles the chain once per pipeline; a function that cannot be
+   pickled raises ParIterError naming its stage. A @veda.gpu wrapper travels by reference
+   when its module exports it, else as its function and options (:class:`GpuRecipe`), rebuilt
+   into a @gpu wrapper by the worker's own runtime.
+2. :func:`check_batch` pickles each batch as Dask will (skipping array buffers, which Dask
+   sends out of band), so an item that cannot be pickled raises ParIterError naming its
+   source index instead of failing inside Dask.
+In the worker, :func:`run_batch` (the Dask task) loads the chain (once per pipeline and
+process), runs it on the batch under the caller's ``veda.force`` path (@gpu steps through the
+worker's own gpu_map lanes when it has a GPU) and returns the result
+with the seconds it took; a result that cannot be pickled becomes that item's failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache, reduce
+from typing import TYPE_CHECKING, Any, cast
+
+from vedart.errors import ParIterError
+from vedart.lifecycle import get_runtime
+from vedart.offload.decorator import OffloadOptions, gpu
+from vedart.offload.force import forced_path
+from vedart.parallel.batch import Batch, ItemFailure, Reader
+from vedart.parallel.elementwise import Step, fuse
+from vedart.parallel.gpu_map import GpuFunction, GpuMapReader, gpu_lanes_for, is_gpu_wrapper
+from vedart.parallel.scheduler import ChunkPolicy
+
+if TYPE_CHECKING:
+    from vedart.runtime import Runtime
+
+SHOWN_CHARACTERS = 200  # of an unpicklable result's repr, in its failure
+LOADED_CHAINS = 16      # pipelines whose loaded chain a worker keeps
+
+
+def _dumps(value: Any) -> bytes:
+    import cloudpickle  # comes with the dask extra; this module is imported without it
+
+    return cloudpickle.dumps(value)  # type: ignore[no-any-return]
+
+
+def _check_picklable(value: Any) -> None:
+    """Pickle ``value`` as Dask will, to raise what Dask would; array buffers are skipped
+    rather than copied (Dask sends those out of band)."""
+    import cloudpickle
+
+    cloudpickle.dumps(value, protocol=5, buffer_callback=_skip)
+
+
+def _skip(buffer: pickle.PickleBuffer) -> bool:
+    return False  # false: the buffer stays out of band, uncopied
+
+
+@dataclass(frozen=True)
+class GpuRecipe:
+    """A @veda.gpu wrapper as its plain function and options, for a worker to rebuild."""
+
+    function: Callable[..., Any]
+    options: OffloadOptions
+
+    def build(self) -> Callable[..., Any]:
+        return gpu(**dataclasses.asdict(self.options))(self.function)  # type: ignore[no-any-return]
+
+
+def _portable(function: Callable[..., Any]) -> Any:
+    """What a worker gets for ``function`` (see the module docstring)."""
+    if not is_gpu_wrapper(function):
+        return function
+    if getattr(function, "__module__", "__main__") != "__main__":
+        try:
+            pickle.dumps(function)  # by reference: the worker imports its module
+            return function
+        except Exception:  # noqa: BLE001  # any failure means: not by reference
+            pass
+    return GpuRecipe(function.__wrapped__, function.gpu_options)  # type: ignore[attr-defined]
+
+
+def encode_steps(steps: Sequence[Step]) -> bytes:
+    """The chain, pickled; ParIterError naming the first stage whose function cannot be."""
+    portable = []
+    for step in steps:
+        function = _portable(step.function)
+        try:
+            _dumps(function)
+        except Exception as error:
+            raise ParIterError(
+                f"par_iter stage {step.label} cannot run on Dask workers: its function "
+                f"{function!r} cannot be pickled ({type(error).__name__}: {error}); define it "
+                "at the top level of a module, without references to locks, files or other "
+                "process-bound objects", stage=step.label) from error
+        portable.append((step.kind, function, step.label))
+    return _dumps(tuple(portable))
+
+
+def check_batch(batch: Batch, stage: str) -> None:
+    """ParIterError naming the first item of ``batch`` that cannot be pickled."""
+    try:
+        _check_picklable(batch)
+    except Exception as error:
+        index, culprit = _first_unpicklable(batch, error)
+        raise ParIterError(
+            f"par_iter item {index} cannot be sent to a Dask worker for stage {stage}: it "
+            f"cannot be pickled ({type(culprit).__name__}: {culprit})", index=index,
+            stage=stage) from culprit
+
+
+def _first_unpicklable(batch: Batch, error: Exception) -> tuple[int, Exception]:
+    for item, origin in zip(batch.items, batch.origins):
+        try:
+            _check_picklable(item)
+        except Exception as culprit:  # noqa: BLE001  # reported with its item
+            return origin, culprit
+    return batch.origins[0], error
+
+
+def failed_batch(batch: Batch, stage: str, error: BaseException) -> Batch:
+    """``batch`` with every item replaced by its failure in ``stage`` (a task that failed as a
+    whole: the batch's worker died too often, say)."""
+    failures = {position: batch.failures.get(position) or ItemFailure(origin, stage, error)
+                for position, origin in enumerate(batch.origins)}
+    return Batch(list(failures.values()), batch.origins, failures)
+
+
+@lru_cache(maxsize=LOADED_CHAINS)
+def _loaded(steps: bytes) -> tuple[Step, ...]:
+    return tuple(Step(kind, function.build() if isinstance(function, GpuRecipe) else function,
+                      label) for kind, function, label in pickle.loads(steps))
+
+
+def _run(steps: tuple[Step, ...], batch: Batch) -> Batch:
+    """``steps`` over ``batch``: on a worker with a usable GPU each @gpu step runs as a
+    gpu_map stage (its device lanes overlap copies and compute), the steps between them fused;
+    elsewhere all of them fused."""
+    runtime = get_runtime()
+    if not runtime.gpu:
+        return fuse(steps)(batch)
+    pending: list[Step] = []
+    for step in steps:
+        if not is_gpu_wrapper(step.function):
+            pending.append(step)
+            continue
+        if pending:
+            batch, pending = fuse(pending)(batch), []
+        batch = _on_lanes(step, batch, runtime)
+    return fuse(pending)(batch) if pending else batch
+
+
+class _Given(Reader):
+    """One batch, then the end."""
+
+    def __init__(self, batch: Batch) -> None:
+        super().__init__()
+        self._batch: Batch | None = batch
+
+    def _next_batch(self, limit: int | None) -> Batch | None:
+        batch, self._batch = self._batch, None
+        return batch
+
+
+def _on_lanes(step: Step, batch: Batch, runtime: Runtime) -> Batch:
+    reader = GpuMapReader(_Given(batch), cast(GpuFunction, step.function), step.label, runtime,
+                          runtime.scheduler, gpu_lanes_for(runtime, runtime.scheduler),
+                          ChunkPolicy(None), None)
+    parts = []
+    try:
+        while (part := reader.read()) is not None:
+            parts.append(part)
+    finally:
+        reader.close()
+    return reduce(operator.add, parts, Batch([], []))
+
+
+def run_batch(steps: bytes, batch: Batch, forced: str | None) -> tuple[Batch, float]:
+    """The Dask task: the chain ``steps`` over ``batch`` under ``veda.force(forced)``, and the
+    seconds it took."""
+    chain = _loaded(steps)
+    token = forced_path.set(forced)
+    try:
+        started = time.perf_counter()
+        result = _run(chain, batch)
+        seconds = time.perf_counter() - started
+    finally:
+        forced_path.reset(token)
+    try:
+        _check_picklable(result)
+    except Exception:  # noqa: BLE001  # some result or exception cannot travel: find which
+        result = _sendable(result, chain[-1].label)
+    return result, seconds
+
+
+def _sendable(batch: Batch, last_stage: str) -> Batch:
+    """``batch`` with each item that cannot be pickled replaced by a failure saying so."""
+    items: list[Any] = []
+    failures = dict(batch.failures)
+    for position, (item, origin) in enumerate(zip(batch.items, batch.origins)):
+        try:
+            _check_picklable(item)
+            items.append(item)
+        except Exception as error:  # noqa: BLE001  # reported as the item's failure
+            failure = batch.failures.get(position)
+            kind = "exception" if failure is not None else "result"
+            shown = repr(failure.error if failure is not None else item)[:SHOWN_CHARACTERS]
+            stage = last_stage if failure is None else failure.stage
+            replaced = ItemFailure(origin, stage, RuntimeError(
+                f"the item's {kind} cannot be sent back from its Dask worker "
+                f"({type(error).__name__}: {error}); it was {shown}"))
+            failures[position] = replaced
+            items.append(replaced)
+    return Batch(items, batch.origins, failures)

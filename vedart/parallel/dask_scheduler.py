@@ -1,0 +1,258 @@
+"""The Dask scheduler: par_iter's element-wise stages as Dask tasks on a distributed cluster.
+
+Contracts (as on the thread scheduler, :mod:`vedart.parallel.scheduler`):
+- A fused run of map/filter/flat_map/gpu_map stages becomes one Dask task per batch of items,
+  batches sized by the same :class:`ChunkPolicy` (aiming at DASK_TASK_SECONDS of work, from the
+  seconds each task measured in its worker); positional stages stay on the calling thread.
+- At most ``DASK_WINDOW_PER_THREAD`` tasks per worker thread are in flight; upstream is read
+  only to fill that window; results come back in input order, each item once (a task Dask
+  re-runs after its worker died is still one future with one result).
+- Functions and items are pickled before anything is sent (:mod:`.dask_payload`): one that
+  cannot be fails the pipeline at once naming its stage or item.
+- A task that fails as a whole (its worker died more often than Dask allows) fails each of its
+  items in place, so ``collect(errors=...)`` treats them like any other failure. A scheduler
+  that stops answering for ``Config.dask_timeout`` seconds raises ParIterError.
+- The cluster is started once per runtime (:meth:`DaskCluster.start`) and closed with it; a
+  caller's client or a cluster reached by address is never closed, only its workers'
+  vedart runtimes are.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import import_module
+from importlib.util import find_spec
+from typing import Any
+
+from vedart._logging import logger
+from vedart.config import Config
+from vedart.errors import ConfigError, ParIterError, SchedulerUnavailableError
+from vedart.offload.force import forced_path
+from vedart.parallel.batch import Batch, Reader
+from vedart.parallel.device_workers import visible_device
+from vedart.parallel.dask_payload import check_batch, encode_steps, failed_batch, run_batch
+from vedart.parallel.elementwise import Step
+from vedart.parallel.scheduler import BatchwiseReader, ChunkPolicy
+from vedart.telemetry import Telemetry
+
+DASK_TASK_SECONDS = 0.05    # a Dask task costs about a millisecond of scheduling and transfer
+DASK_WINDOW_PER_THREAD = 4  # one running, the rest queued on the worker while results travel
+POLL_S = 0.5                # how often a wait checks that the scheduler still answers
+EXTRAS = {"distributed": "dask", "dask_cuda": "dask-cuda"}
+
+
+def require(module: str) -> Any:
+    """``import module``, or ConfigError naming the vedart extra that installs it."""
+    try:
+        return import_module(module)
+    except ImportError as error:
+        extra = EXTRAS[module]
+        raise ConfigError(f"scheduler: got 'dask', which needs the {module!r} package ({error});"
+                          f" allowed: install the extra, pip install 'vedart[{extra}]', or "
+                          "scheduler='threads'") from error
+
+
+def embedded_cluster(config: Config, gpus: int) -> Any:
+    """A LocalCUDACluster (one worker per GPU) or a LocalCluster of single-threaded worker
+    processes, as ``config.dask_cluster`` asks."""
+    kind = config.dask_cluster
+    if kind == "auto":
+        kind = "cuda" if gpus and find_spec("dask_cuda") is not None else "cpu"
+    workers = {} if config.dask_workers is None else {"n_workers": config.dask_workers}
+    if kind == "cuda":
+        dask_cuda = require("dask_cuda")
+        if config.devices is not None:  # ordinals as this process numbers them
+            workers["CUDA_VISIBLE_DEVICES"] = [visible_device(ordinal)
+                                               for ordinal in config.devices]
+        return dask_cuda.LocalCUDACluster(threads_per_worker=1, dashboard_address=":0",
+                                          **workers)
+    distributed = require("distributed")
+    return distributed.LocalCluster(n_workers=workers.get("n_workers", os.cpu_count() or 1),
+                                    threads_per_worker=1, processes=True,
+                                    dashboard_address=":0")
+
+
+class DaskCluster:
+    """The runtime's Dask client, the cluster it started (None when it uses the caller's
+    client or an address), and the worker plugin that gives each worker its runtime."""
+
+    def __init__(self, client: Any, cluster: Any, owns_client: bool, timeout: float) -> None:
+        self.client = client
+        self.cluster = cluster
+        self._owns_client = owns_client
+        self._timeout = timeout
+
+    @classmethod
+    def start(cls, config: Config, gpus: int) -> DaskCluster:
+        """Connect as ``config`` says (``dask_client``, ``dask_address`` or an embedded
+        cluster; ``gpus``: usable GPUs of this host) and register the worker runtime.
+        ConfigError when the extra is missing; SchedulerUnavailableError when the address
+        does not answer within ``config.dask_timeout`` seconds."""
+        distributed = require("distributed")
+        from vedart.parallel.dask_worker import PLUGIN_NAME, RuntimePlugin
+
+        cluster = None
+        if config.dask_client is not None:
+            client = config.dask_client
+        elif config.dask_address is not None:
+            try:
+                client = distributed.Client(config.dask_address, timeout=config.dask_timeout,
+                                            set_as_default=False)
+            except OSError as error:  # TimeoutError included
+                raise SchedulerUnavailableError(
+                    f"dask_address: the Dask scheduler at {config.dask_address!r} did not "
+                    f"answer within dask_timeout={config.dask_timeout:g} s ({error})") from error
+        else:
+            cluster = embedded_cluster(config, gpus)
+            try:
+                client = distributed.Client(cluster, timeout=config.dask_timeout,
+                                            set_as_default=False)
+            except BaseException:
+                cluster.close()
+                raise
+        started = cls(client, cluster, config.dask_client is None, config.dask_timeout)
+        try:
+            answers = client.register_plugin(RuntimePlugin(config), name=PLUGIN_NAME)
+        except BaseException:
+            started.close()
+            raise
+        for worker, answer in (answers or {}).items():
+            if answer.get("status") != "OK":
+                logger.warning("Dask worker %s could not start its vedart runtime (%s); its "
+                               "@gpu calls use a default one", worker, answer.get("text"))
+        return started
+
+    @property
+    def address(self) -> str:
+        return str(self.client.scheduler.address)
+
+    def threads(self) -> int:
+        """Task threads over all workers now (at least 1)."""
+        return max(1, sum(self.client.nthreads().values()))
+
+    def result(self, future: Any) -> Any:
+        """``future``'s result; ParIterError once the scheduler has not answered for the
+        timeout. A task that failed raises its exception."""
+        silent_since: float | None = None
+        while True:
+            try:
+                return future.result(timeout=POLL_S)
+            except TimeoutError:
+                if self.client.status == "running":
+                    silent_since = None
+                    continue
+            except Exception as error:
+                if self.client.status == "running":
+                    raise
+                raise self._gone(f"the connection was lost ({type(error).__name__}: "
+                                 f"{error})") from error
+            now = time.monotonic()
+            silent_since = now if silent_since is None else silent_since
+            if now - silent_since >= self._timeout:
+                raise self._gone(f"it has not answered for {now - silent_since:.1f} s")
+
+    def _gone(self, what: str) -> ParIterError:
+        return ParIterError(f"par_iter cancelled: the Dask scheduler at {self.address} went "
+                            f"away: {what} (client status {self.client.status!r}, "
+                            f"dask_timeout={self._timeout:g} s)")
+
+    def gather_telemetry(self, telemetry: Telemetry) -> None:
+        """Merge each worker's telemetry since the last gathering into ``telemetry``, per
+        worker and device. Workers that do not answer are skipped."""
+        from vedart.parallel.dask_worker import worker_telemetry
+
+        if self.client.status != "running":
+            return
+        answers = self.client.run(worker_telemetry, on_error="ignore")
+        for worker, (devices, deltas) in answers.items():
+            source = f"{worker} ({', '.join(devices) or 'CPU'})"
+            for name, delta in deltas:
+                telemetry.merge_remote(source, name, delta)
+
+    def describe(self) -> dict[str, Any]:
+        """Address, dashboard link and each worker's threads and GPUs, for ``vedart info``."""
+        from vedart.parallel.dask_worker import worker_devices
+
+        info = self.client.scheduler_info()
+        devices = self.client.run(worker_devices, on_error="ignore")
+        dashboard = info.get("services", {}).get("dashboard")
+        return {
+            "address": self.address,
+            "embedded": type(self.cluster).__name__ if self.cluster is not None else None,
+            "dashboard": self.client.dashboard_link if dashboard else None,
+            "workers": [{"address": address, "threads": worker.get("nthreads"),
+                         "gpus": devices.get(address, [])}
+                        for address, worker in sorted(info.get("workers", {}).items())],
+        }
+
+    def close(self) -> None:
+        """Close what this runtime started; on a cluster it does not own, remove its worker
+        runtimes. Idempotent."""
+        from vedart.parallel.dask_worker import PLUGIN_NAME
+
+        if self._owns_client:
+            self.client.close(timeout=self._timeout)
+            if self.cluster is not None:
+                self.cluster.close()
+            self._owns_client, self.cluster = False, None
+        elif self.client.status == "running":
+            try:
+                self.client.unregister_worker_plugin(PLUGIN_NAME)
+            except Exception as error:  # noqa: BLE001  # the caller's cluster may be gone
+                logger.info("could not remove vedart's worker runtimes: %s", error)
+
+
+@dataclass(frozen=True)
+class _Submitted:
+    """A task in flight and the batch it was given."""
+
+    future: Any
+    batch: Batch
+
+    def cancel(self) -> None:
+        self.future.cancel()
+
+
+class DaskReader(BatchwiseReader[_Submitted]):
+    """Runs a fused chain of ``steps`` over upstream batches as Dask tasks (see the module
+    docstring); ParIterError at construction when a function cannot be pickled."""
+
+    def __init__(self, upstream: Reader, steps: Sequence[Step], cluster: DaskCluster,
+                 chunks: ChunkPolicy, telemetry: Telemetry) -> None:
+        payload = encode_steps(steps)
+        super().__init__(upstream, DASK_WINDOW_PER_THREAD * cluster.threads(), chunks)
+        self._steps = payload
+        self._stage = ", ".join(step.label for step in steps)
+        self._cluster = cluster
+        self._telemetry = telemetry
+        self._forced = forced_path.get()
+
+    def _start(self, batch: Batch) -> _Submitted:
+        check_batch(batch, self._stage)
+        return _Submitted(self._cluster.client.submit(run_batch, self._steps, batch,
+                                                      self._forced, pure=False), batch)
+
+    def _await(self, task: _Submitted) -> Batch:
+        try:
+            result, seconds = self._cluster.result(task.future)
+        except ParIterError:
+            raise
+        except Exception as error:  # noqa: BLE001  # the task failed as a whole
+            return failed_batch(task.batch, self._stage, error)
+        self._chunks.observe(len(task.batch), seconds)
+        return result  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        futures = [submitted.future for submitted in self._tasks]
+        self._tasks.clear()
+        if futures and self._cluster.client.status == "running":
+            self._cluster.client.cancel(futures)
+        super().close()
+        if self._telemetry.enabled:
+            try:
+                self._cluster.gather_telemetry(self._telemetry)
+            except Exception as error:  # noqa: BLE001  # telemetry never fails a pipeline
+                logger.info("could not gather the Dask workers' telemetry: %s", error)
