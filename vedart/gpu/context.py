@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from vedart.backends.cuda import CUDABackend
 from vedart.config import Config
 from vedart.errors import ConfigError, DeviceError, GPUUnavailableError
 from vedart.gpu.devices import CudaProbe, DeviceInfo, DeviceProbe
 from vedart.gpu.memory import DeviceMemory
 from vedart.gpu.transfer import TransferEngine
+
+if TYPE_CHECKING:
+    from vedart.backends.cuda import CUDABackend
 
 MIB = 2**20
 
@@ -30,7 +34,8 @@ class GPUContext:
 
     backend = "cupy"
 
-    def __init__(self, config: Config, probe: DeviceProbe | None = None) -> None:
+    def __init__(self, config: Config, probe: DeviceProbe | None,
+                 backend_factory: Callable[[int], CUDABackend]) -> None:
         self._probe: DeviceProbe = CudaProbe() if probe is None else probe
         discovery = self._probe.discover()
         self.unavailable_reason: str | None = discovery.unavailable_reason
@@ -43,6 +48,7 @@ class GPUContext:
         self.ordinals: tuple[int, ...] = tuple(self._by_ordinal)  # of ``devices``, in order
         self.transfers: TransferEngine | None = None
         self.memory: DeviceMemory | None = None
+        self._backend_factory = backend_factory  # CUDABackend: the device API is a layer up
         self._backends: dict[int, CUDABackend] = {}
         self._backends_lock = threading.Lock()
         self._free_readings: dict[int, tuple[int, float]] = {}  # ordinal -> (bytes, when)
@@ -83,7 +89,7 @@ class GPUContext:
         with self._backends_lock:
             backend = self._backends.get(info.ordinal)
             if backend is None:
-                backend = self._backends[info.ordinal] = CUDABackend(device_id=info.ordinal)
+                backend = self._backends[info.ordinal] = self._backend_factory(info.ordinal)
             return backend
 
     def free_memory(self, ordinal: int) -> int:
