@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vedart._version import __version__
+from vedart._version import __version__, component_versions
 
 if TYPE_CHECKING:
     from vedart.runtime import Runtime
@@ -104,8 +104,6 @@ def interleaved_samples(runs: dict[str, Callable[[], Any]], *, repeats: int,
 
 def environment(device_name: str | None) -> dict[str, Any]:
     """Where and when a benchmark ran: device, CPU, versions, date."""
-    from vedart.cli import component_versions
-
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": device_name or "no GPU",
