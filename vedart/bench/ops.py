@@ -7,9 +7,9 @@ hand-written CuPy on the same input, one sample of each per round, the rounds go
 every order of the three (``harness.round_orders``) so neither GPU run follows the CPU run
 more often than the other; its regret is against the oracle of its own phase. Timing the
 baselines once, in an earlier phase, made the CPU look up to 40x faster than it was when the
-adaptive phase ran (docs/performance.md).
+adaptive phase ran (H100, 2026-11-22).
 
-Target (issue: adaptive cost model), on the lent GPU: adaptive geometric-mean regret <= 1.05 and
+Target, on a GPU: adaptive geometric-mean regret <= 1.05 and
 worst case <= 1.5, the static rule's figures from the same run beside it.
 """
 

@@ -22,7 +22,7 @@ the latest end-to-end times of each path and:
    take the @gpu fast path and never reach the model, so those sizes are not re-checked;
 3. generalises: a bucket with no samples for a path is predicted by a per-path fit
    ``time = a + b * bytes`` over the function's other buckets, else by the calibration profile
-   (``python -m vedart calibrate``; defaults are figures measured on the lent H100).
+   (``python -m vedart calibrate``; defaults are figures measured on an H100 80GB HBM3).
 
 The model is consulted only after the static checks allowed the GPU (usable device, supported
 dtypes, enough free memory), so it never picks a path that fails them. History persists in the

@@ -61,7 +61,7 @@ def value_bytes(value: Any, device_type: type, depth: int = CONTAINER_DEPTH) -> 
 
 
 def iter_arrays(value: Any, array_type: type, depth: int) -> Iterator[Any]:
-    """Every instance of ``array_type`` in ``value``, opening at most ``depth`` container levels
+    """Every ``array_type`` object in ``value``, opening at most ``depth`` container levels
     (pass ``CONTAINER_DEPTH + 1`` for the args tuple or kwargs dict, which are a level too)."""
     if isinstance(value, array_type):
         yield value
@@ -72,7 +72,7 @@ def iter_arrays(value: Any, array_type: type, depth: int) -> Iterator[Any]:
 
 def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
                depth: int) -> Any:
-    """``value`` with every ``array_type`` instance replaced by ``convert(instance)``, opening at
+    """``value`` with every ``array_type`` object replaced by ``convert(object)``, opening at
     most ``depth`` levels of lists, tuples, namedtuples and dicts; other values are kept as they are
     (containers without arrays are returned as the same object)."""
     if isinstance(value, array_type):
