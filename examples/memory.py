@@ -18,6 +18,8 @@ QUICK = "--quick" in sys.argv
 FRACTION = 0.02
 
 runtime = veda.init(veda.Config.builder().gpu_memory_fraction(FRACTION).build())
+no_gpu_reason = (runtime.gpu.unavailable_reason if runtime.gpu is not None
+                 else "GPU disabled by config")
 
 
 def show(label):
@@ -25,9 +27,10 @@ def show(label):
         stats = runtime.gpu.get_memory_stats()
         print(f"{label:28} device used {stats['used_mb']:9.1f} MiB of {stats['total_mb']:.0f}; "
               f"pool {stats['pool_allocated_mb']:7.1f} in use, {stats['pool_cached_mb']:7.1f} "
-              f"cached, peak {stats['peak_allocated_mb']:7.1f}; pinned {stats['pinned_used_mb']:.1f}")
+              f"cached, peak {stats['peak_allocated_mb']:7.1f}; "
+              f"pinned {stats['pinned_used_mb']:.1f}")
     else:
-        print(f"{label:28} no GPU ({runtime.gpu.unavailable_reason}): no device memory to show")
+        print(f"{label:28} no GPU ({no_gpu_reason}): no device memory to show")
 
 
 @veda.gpu
@@ -37,7 +40,7 @@ def outer_sum(a, b):
 
 rng = np.random.default_rng()
 show("start")
-small = rng.random(2_000 if QUICK else 5_000)
+small = rng.random(2_000 if QUICK else 10_000)   # 80 KB of arguments, an 800 MB temporary
 np.testing.assert_allclose(outer_sum(small, small), small * len(small) + small.sum())
 show("after a call")
 

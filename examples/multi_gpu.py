@@ -22,13 +22,16 @@ QUICK = "--quick" in sys.argv
 COUNT, SIDE = (16, 128) if QUICK else (256, 1024)
 
 runtime = veda.get_runtime()
+no_gpu_reason = (runtime.gpu.unavailable_reason if runtime.gpu is not None
+                 else "GPU disabled by config")
 devices = list(runtime.gpu.ordinals) if runtime.gpu else []
 if len(devices) >= 2:
-    print(f"{len(devices)} GPUs: " + ", ".join(f"{d.ordinal}: {d.name}" for d in runtime.gpu.devices))
+    names = ", ".join(f"{d.ordinal}: {d.name}" for d in runtime.gpu.devices)
+    print(f"{len(devices)} GPUs: {names}")
 elif devices:
     print(f"one GPU ({runtime.gpu.devices[0].name}): everything runs on device 0")
 else:
-    print(f"no GPU ({runtime.gpu.unavailable_reason}): everything runs on the CPU")
+    print(f"no GPU ({no_gpu_reason}): everything runs on the CPU")
 
 rng = np.random.default_rng()
 x = rng.random(4_000_000)

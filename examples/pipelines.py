@@ -60,14 +60,18 @@ except veda.ParIterError as error:
     assert error.index == 7
 
 # Reductions, as the builtins give them.
-assert veda.par_iter(range(100_000)).map(lambda n: n * 2).sum() == sum(n * 2 for n in range(100_000))
+doubled = veda.par_iter(range(100_000)).map(lambda n: n * 2).sum()
+assert doubled == sum(n * 2 for n in range(100_000))
 
 runtime = veda.get_runtime()
+no_gpu_reason = (runtime.gpu.unavailable_reason if runtime.gpu is not None
+                 else "GPU disabled by config")
 counts = runtime.telemetry.placement_counts()
 if counts:
     for (stage, path, device), items in sorted(counts.items(), key=str):
-        print(f"{stage}: {items} item(s) on {path}" + (f" (device {device})" if device is not None else ""))
+        on_device = f" (device {device})" if device is not None else ""
+        print(f"{stage}: {items} item(s) on {path}{on_device}")
 else:
-    print(f"gpu_map ran as a CPU map: no GPU ({runtime.gpu.unavailable_reason})")
+    print(f"gpu_map ran as a CPU map: no GPU ({no_gpu_reason})")
 veda.report()
 print("all results match NumPy")

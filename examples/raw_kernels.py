@@ -18,9 +18,14 @@ from vedart.backends import get_backend
 
 QUICK = "--quick" in sys.argv
 runtime = veda.get_runtime()
+no_gpu_reason = (runtime.gpu.unavailable_reason if runtime.gpu is not None
+                 else "GPU disabled by config")
 N = 1 << 22 if runtime.gpu and not QUICK else 2048   # the simulator runs a thread at a time
-where = "on the GPU" if runtime.gpu else f"in the simulator or on the CPU ({runtime.gpu.unavailable_reason})"
-print(f"kernels run {where}; {N:,} elements")
+if runtime.gpu:
+    print(f"kernels run on the GPU; {N:,} elements")
+else:
+    print(f"kernels run in the simulator or on the CPU ({no_gpu_reason}); "
+          f"{N:,} elements")
 warnings.simplefilter("ignore", veda.SimulatorWarning)   # said once above instead
 
 
