@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +19,11 @@ from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
     CLEARLY_WORSE,
     EXPLORE_TRIES,
+    EXPLORE_BUDGET,
     RECHECK_CALLS,
     REVISIT_FIRST,
     SAMPLES_KEPT,
+    SLOW_REVISIT_MIN,
     AdaptiveModel,
     Calibration,
     function_key,
@@ -35,11 +39,13 @@ SIG = "<f4:1"
 
 def feed(model: AdaptiveModel, nbytes: int, times: dict[str, float], calls: int,
          key: str = "f") -> list[str]:
-    """Run ``calls`` decisions, answering each chosen path with its synthetic time."""
+    """Run ``calls`` decisions, answering each chosen path with its synthetic time where the
+    model times the call (as @gpu does)."""
     chosen = []
     for _ in range(calls):
-        path, _ = model.choose(key, SIG, nbytes)
-        model.observe(key, SIG, nbytes, path, times[path])
+        path, _, timed = model.choose(key, SIG, nbytes)
+        if timed:
+            model.observe(key, SIG, nbytes, path, times[path])
         chosen.append(path)
     return chosen
 
@@ -47,10 +53,11 @@ def feed(model: AdaptiveModel, nbytes: int, times: dict[str, float], calls: int,
 def test_explores_both_paths_boundedly_then_exploits_the_faster() -> None:
     model = AdaptiveModel()
     chosen = feed(model, 16 * MB, {"cpu": 0.010, "gpu": 0.008}, calls=20)
-    explored = chosen[:2 * EXPLORE_TRIES + 1]  # + the unlearned first call after the switch
-    assert sorted([explored.count("cpu"), explored.count("gpu")]) == [EXPLORE_TRIES,
-                                                                     EXPLORE_TRIES + 1]
-    assert set(chosen[2 * EXPLORE_TRIES + 1:]) == {"gpu"}
+    # The first call runs as written; then each path's tries back to back, each after an
+    # unlearned first call on it (the switch).
+    explored = 2 * EXPLORE_TRIES + 2
+    assert chosen[:explored] == ["cpu"] + ["gpu"] * (EXPLORE_TRIES + 1) + ["cpu"] * EXPLORE_TRIES
+    assert set(chosen[explored:]) == {"gpu"}
 
 
 def test_the_first_call_after_a_switch_of_path_is_not_learned_from() -> None:
@@ -69,10 +76,11 @@ def test_explores_one_path_at_a_time_starting_with_the_predicted_faster() -> Non
     # a path's tries back to back: each is timed after itself, as it runs once chosen
     prior_cpu = AdaptiveModel(calibration=Calibration(cpu_bytes_per_s=1e12))
     chosen = feed(prior_cpu, 16 * MB, {"cpu": 0.0010, "gpu": 0.0012}, calls=2 * EXPLORE_TRIES)
-    assert chosen == ["cpu"] * EXPLORE_TRIES + ["gpu"] * EXPLORE_TRIES
-    prior_gpu = AdaptiveModel(calibration=Calibration(cpu_bytes_per_s=1e6))
+    assert chosen[:EXPLORE_TRIES + 1] == ["cpu"] * EXPLORE_TRIES + ["gpu"]
+    # Predicted at 16 ms on the CPU (above FIRST_ON_CPU_S), the first call goes to the GPU.
+    prior_gpu = AdaptiveModel(calibration=Calibration(cpu_bytes_per_s=1e9))
     chosen = feed(prior_gpu, 16 * MB, {"cpu": 0.0010, "gpu": 0.0012}, calls=2 * EXPLORE_TRIES)
-    assert chosen == ["gpu"] * EXPLORE_TRIES + ["cpu"] * EXPLORE_TRIES
+    assert chosen[:EXPLORE_TRIES] == ["gpu"] * EXPLORE_TRIES
 
 
 def test_stops_exploring_a_clearly_worse_path_after_one_sample() -> None:
@@ -83,11 +91,17 @@ def test_stops_exploring_a_clearly_worse_path_after_one_sample() -> None:
 
 def test_reason_strings() -> None:
     model = AdaptiveModel()
-    path, reason = model.choose("f", SIG, 16 * MB)
-    assert reason == f"adaptive: exploring {path} at ~16.0 MB (0 of {EXPLORE_TRIES} tries)"
-    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=8)  # 2 switches, unlearned
     assert model.choose("f", SIG, 16 * MB) == (
-        "gpu", "adaptive: gpu 3.1 ms vs cpu 9.8 ms at ~16.0 MB (6 samples)")
+        "cpu", "adaptive: exploring cpu at ~16.0 MB (first call)", True)
+    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2)
+    assert model.choose("f", SIG, 16 * MB) == (
+        "gpu", f"adaptive: exploring gpu at ~16.0 MB (0 of {EXPLORE_TRIES} tries)", True)
+    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=8)
+    # The cpu, measured clearly worse after one sample, is not explored further.
+    assert model.choose("f", SIG, 16 * MB) == (
+        "gpu", "adaptive: gpu 3.1 ms vs cpu 9.8 ms at ~16.0 MB (4 samples)", False)
+    assert model.choose("g", "<f8:0;n~2^24", 0).reason == \
+        "adaptive: exploring cpu for n~2^24 (first call)"
 
 
 def test_a_bucket_with_both_paths_reuses_its_choice_until_its_samples_change_it() -> None:
@@ -96,7 +110,7 @@ def test_a_bucket_with_both_paths_reuses_its_choice_until_its_samples_change_it(
     first = model.choose("f", SIG, 16 * MB)
     assert model.choose("f", SIG, 10 * MB) is first  # the same bucket: no new choice
     model.observe("f", SIG, 16 * MB, "gpu", 0.0035)  # a count in the reason changes
-    assert model.choose("f", SIG, 16 * MB)[1].endswith("(7 samples)")
+    assert model.choose("f", SIG, 16 * MB)[1].endswith("(5 samples)")
     for _ in range(SAMPLES_KEPT):
         model.observe("f", SIG, 16 * MB, "gpu", 0.0040)  # window full of slower samples
     settled = model.choose("f", SIG, 16 * MB)
@@ -105,23 +119,41 @@ def test_a_bucket_with_both_paths_reuses_its_choice_until_its_samples_change_it(
     model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a switch: not learned
     model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a new cpu typical time: tried again
     assert model.choose("f", SIG, 16 * MB) == (
-        "cpu", f"adaptive: exploring cpu at ~16.0 MB (2 of {EXPLORE_TRIES} tries)")
+        "cpu", f"adaptive: exploring cpu at ~16.0 MB (2 of {EXPLORE_TRIES} tries)", True)
 
 
 def test_a_settled_bucket_rechecks_its_other_path_at_doubling_intervals() -> None:
     model = AdaptiveModel()
-    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2 * EXPLORE_TRIES)
+    feed(model, 16 * MB, {"cpu": 0.0040, "gpu": 0.0031}, calls=12)
     assert "samples)" in model.choose("f", SIG, 16 * MB)[1]  # settled: the first counted call
     choices = [model.choose("f", SIG, 16 * MB) for _ in range(REVISIT_FIRST * 7 + 2)]
-    rechecks = [index for index, (path, _) in enumerate(choices) if path == "cpu"]
+    rechecks = [index for index, choice in enumerate(choices) if choice.path == "cpu"]
     starts = rechecks[::RECHECK_CALLS]  # each re-check: RECHECK_CALLS calls in a row
     assert rechecks == [start + call for start in starts for call in range(RECHECK_CALLS)]
     assert len(starts) == 3 and starts[0] < REVISIT_FIRST
+    # ... then RECHECK_CALLS timed calls of the chosen path, then the interval's calls.
     assert [b - a for a, b in zip(starts, starts[1:])] == [
-        2 * REVISIT_FIRST + RECHECK_CALLS - 1, 4 * REVISIT_FIRST + RECHECK_CALLS - 1]
+        2 * REVISIT_FIRST + 2 * RECHECK_CALLS - 1, 4 * REVISIT_FIRST + 2 * RECHECK_CALLS - 1]
     assert [choices[index] for index in rechecks[:2]] == [
         ("cpu", f"adaptive: re-checking cpu at ~16.0 MB, call {call} of {RECHECK_CALLS} "
-                f"(gpu chosen; next check in {2 * REVISIT_FIRST} calls)") for call in (1, 2)]
+                f"(gpu chosen; next check in {2 * REVISIT_FIRST} calls)", True)
+        for call in (1, 2)]
+    timed = [index for index, choice in enumerate(choices) if choice.timed]
+    assert timed == [start + call for start in starts for call in range(2 * RECHECK_CALLS)
+                     if start + call < len(choices)]
+
+
+def test_a_much_slower_path_is_rechecked_within_the_exploration_budget() -> None:
+    model = AdaptiveModel()
+    feed(model, 0, {"cpu": 0.600, "gpu": 0.0015}, calls=8)  # monte_carlo_pi: 400x
+    choices = [model.choose("f", SIG, 0) for _ in range(20_000)]
+    starts = [index for index, choice in enumerate(choices)
+              if choice.path == "cpu" and choices[index - 1].path == "gpu"]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert starts and min(gaps, default=len(choices)) >= SLOW_REVISIT_MIN
+    # The re-check's extra time stays within the budget of the calls between.
+    interval = starts[0] if len(starts) == 1 else gaps[0]
+    assert RECHECK_CALLS * (0.600 - 0.0015) <= EXPLORE_BUDGET * interval * 0.0015 * 1.01
 
 
 def test_a_rechecks_first_call_is_not_learned_from() -> None:
@@ -130,22 +162,24 @@ def test_a_rechecks_first_call_is_not_learned_from() -> None:
     cpu_samples = model._samples("f", SIG, size_bucket(16 * MB))["cpu"]
     before = [seconds for seconds, _ in cpu_samples]
     times = iter([0.050, 0.0097])  # the first call after many gpu calls wakes the cpu path
-    for _ in range(REVISIT_FIRST + RECHECK_CALLS):
-        path, _ = model.choose("f", SIG, 16 * MB)
+    for _ in range(4 * REVISIT_FIRST):  # one re-check (at most 3.2x slower: 44 calls apart)
+        path = model.choose("f", SIG, 16 * MB).path
         model.observe("f", SIG, 16 * MB, path, next(times) if path == "cpu" else 0.0031)
     assert [seconds for seconds, _ in cpu_samples] == before + [0.0097]
 
 
 def test_a_recheck_that_finds_the_other_path_faster_is_repeated_soon() -> None:
     model = AdaptiveModel()
-    feed(model, MB, {"cpu": 4e-4, "gpu": 3e-4}, calls=2 * EXPLORE_TRIES + 1)  # cpu: a slow spell
+    for path in ["gpu"] * (EXPLORE_TRIES + 1) + ["cpu"] * (EXPLORE_TRIES + 1):
+        model.observe("f", SIG, MB, path, {"cpu": 4e-4, "gpu": 3e-4}[path])  # cpu: a slow spell
     assert model.choose("f", SIG, MB)[0] == "gpu"
     chosen = feed(model, MB, {"cpu": 8e-5, "gpu": 3e-4}, calls=8 * REVISIT_FIRST)  # spell over
     cpu_calls = [index for index, path in enumerate(chosen) if path == "cpu"]
     starts = [index for index in cpu_calls if index - 1 not in cpu_calls]
-    # Three re-checks (each two calls) put two warm samples of three in the cpu's window:
-    # REVISIT_FIRST calls apart, not 16, 33 and 66 as for a path that stays slower.
-    assert [b - a for a, b in zip(starts, starts[1:3])] == [REVISIT_FIRST + RECHECK_CALLS - 1] * 2
+    # Three re-checks put two warm samples of three in the cpu's window: each follows the
+    # last after REVISIT_FIRST calls, not 16, 33 and 66 as for a path that stays slower.
+    assert [b - a for a, b in zip(starts, starts[1:3])] == \
+        [REVISIT_FIRST + 2 * RECHECK_CALLS - 1] * 2
     assert chosen[-REVISIT_FIRST:].count("cpu") >= REVISIT_FIRST - RECHECK_CALLS  # cpu won
 
 
@@ -153,28 +187,29 @@ def test_peeking_answers_as_the_next_call_would_without_counting() -> None:
     model = AdaptiveModel()
     feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2 * EXPLORE_TRIES)
     answers = []
-    for _ in range(REVISIT_FIRST + RECHECK_CALLS):
+    for _ in range(4 * REVISIT_FIRST):  # one re-check (as above)
         peeked = [model.choose("f", SIG, 16 * MB, peek=True) for _ in range(3)]
         answers.append(model.choose("f", SIG, 16 * MB))
         assert peeked == [answers[-1]] * 3  # explain() tells what the call then gets
-    assert [path for path, _ in answers].count("cpu") == RECHECK_CALLS
+    assert [choice.path for choice in answers].count("cpu") == RECHECK_CALLS
 
 
 def test_a_path_timed_in_a_slow_spell_wins_back_once_rechecked() -> None:
     model = AdaptiveModel()
     feed(model, MB, {"cpu": 3e-3, "gpu": 2e-4}, calls=2 * EXPLORE_TRIES)  # cpu in a slow spell
     assert model.choose("f", SIG, MB)[0] == "gpu"
-    chosen = feed(model, MB, {"cpu": 8e-5, "gpu": 2e-4}, calls=2 * REVISIT_FIRST)  # spell over
+    # 15x slower: re-checked once the calls between pay for it (EXPLORE_BUDGET), >= 256 apart
+    chosen = feed(model, MB, {"cpu": 8e-5, "gpu": 2e-4}, calls=400)  # spell over
     first_cpu = chosen.index("cpu")
-    assert first_cpu < REVISIT_FIRST
-    assert chosen[first_cpu:].count("gpu") <= RECHECK_CALLS  # on the cpu; the gpu re-checked
+    assert SLOW_REVISIT_MIN <= first_cpu <= math.ceil(RECHECK_CALLS * 14 / EXPLORE_BUDGET)
+    assert chosen[first_cpu:].count("gpu") <= 2 * RECHECK_CALLS  # on the cpu; gpu re-checked
 
 
 def test_generalises_to_an_unseen_size_from_fits_over_other_sizes() -> None:
     model = AdaptiveModel()
     for nbytes in (1 * MB, 4 * MB, 16 * MB):  # cpu 1 ms/MB; gpu 0.2 ms + 0.1 ms/MB
         feed(model, nbytes, {"cpu": nbytes / MB * 1e-3, "gpu": 2e-4 + nbytes / MB * 1e-4}, 6)
-    path, reason = model.choose("f", SIG, 64 * MB)  # never seen: fits say gpu 10x faster
+    path, reason, _ = model.choose("f", SIG, 64 * MB)  # never seen: fits say gpu 10x faster
     assert path == "gpu" and "exploring" in reason
     model.observe("f", SIG, 64 * MB, "gpu", 2e-4 + 64 * 1e-4)
     feed(model, 64 * MB, {"cpu": 0.064, "gpu": 2e-4 + 64 * 1e-4}, calls=3)
@@ -189,7 +224,8 @@ def test_a_bucket_with_samples_of_both_paths_fits_nothing(monkeypatch: pytest.Mo
     feed(model, 64 * MB, {"cpu": 0.640, "gpu": 0.100}, calls=10)
     fitted: list[object] = []
     real_fit = adaptive._fit
-    monkeypatch.setattr(adaptive, "_fit", lambda points: fitted.append(points) or real_fit(points))
+    monkeypatch.setattr(adaptive, "_fit", lambda points, proportional=False:
+                        fitted.append(points) or real_fit(points, proportional))
     model.observe("f", SIG, 1 * MB, "gpu", 0.001)  # a new best drops the cached fits
     assert model.choose("f", SIG, 1 * MB)[0] == "gpu" and model.cpu_ceiling("f") == 0
     assert fitted == []
@@ -252,7 +288,7 @@ def test_concurrent_updates_keep_a_bounded_consistent_history(tmp_path: Path) ->
         rng = np.random.default_rng(seed)
         for _ in range(300):
             nbytes = int(rng.integers(MB, 64 * MB))
-            path, _ = model.choose("f", SIG, nbytes)
+            path = model.choose("f", SIG, nbytes).path
             model.observe("f", SIG, nbytes, path, float(rng.random()) * 1e-3)
 
     threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
@@ -390,8 +426,9 @@ def test_settled_cpu_sizes_take_the_fast_path_with_an_adaptive_reason(tmp_path: 
         return float(x.sum())
 
     x = np.ones(10**5)
-    with pytest.warns(veda.OffloadWarning):  # the GPU fails for real here: the CPU wins
-        for _ in range(4 * EXPLORE_TRIES):
+    with warnings.catch_warnings():  # if the GPU is tried, it fails for real here: the CPU wins
+        warnings.simplefilter("ignore", veda.OffloadWarning)
+        for _ in range(6 * EXPLORE_TRIES):
             total(x)
     stats = runtime.telemetry.function(f"{__name__}.{total.__qualname__}")
     recorded = len(runtime.telemetry.recent())

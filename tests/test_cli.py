@@ -79,7 +79,8 @@ def test_demo_checks_every_pattern_and_says_where_it_ran() -> None:
                                     "cost model: adaptive (learns into ")
     assert result.stdout.count("[ok]") == 4 and "[FAILED]" not in result.stdout
     assert result.stdout.count("last reason: GPU disabled by config") == 2
-    assert 'last reason: forced by @gpu(force="gpu") but GPU disabled by config' in result.stdout
+    assert "call 1: cpu in " in result.stdout and "call 6: cpu in " in result.stdout
+    assert result.stdout.count("ms (GPU disabled by config)") == 6
     assert "vedart.demo.column_sums_of_gram      16" in result.stdout  # veda.report()'s row
     assert result.stdout.rstrip().endswith("all checks passed")
 

@@ -96,7 +96,8 @@ def test_gpu_disabled_by_config_and_no_gpu_reasons() -> None:
 
 
 def test_per_function_threshold_overrides_config() -> None:
-    veda.init(veda.Config.builder().offload_threshold("100MB").build(), device_probe=FakeProbe())
+    veda.init(veda.Config.builder().offload_threshold("100MB").cost_model("static").build(),
+              device_probe=FakeProbe())
     assert explain(big(4_000_000)).reason == "below threshold: 4.0 MB < 100.0 MB"
     assert explain(big(4_000_000), threshold="1MB").path == "gpu"
 
@@ -111,7 +112,7 @@ def test_device_with_most_free_memory_is_chosen() -> None:
 def test_configured_devices_limit_the_choice() -> None:
     probe = FakeProbe(count=2)
     probe.free = {0: 5 * GIB, 1: 20 * GIB}
-    veda.init(veda.Config.builder().devices([0]).build(), device_probe=probe)
+    veda.init(veda.Config.builder().devices([0]).cost_model("static").build(), device_probe=probe)
     assert explain(big(4_000_000)).device == 0
 
 

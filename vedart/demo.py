@@ -7,6 +7,7 @@ so. The exit status is 0 when every check passed and 1 otherwise.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ import vedart as veda
 MATRICES, MATRIX_SIZE = 16, 1000
 PI_SAMPLES = 10_000_000
 PI_TOLERANCE = 0.005  # about 12 standard errors of the estimate at PI_SAMPLES
+PI_CALLS = 6  # the first runs as written; then the GPU is tried and, where faster, kept
 
 
 @veda.gpu
@@ -28,9 +30,10 @@ def train_step(X: np.ndarray, y: np.ndarray, weights: np.ndarray) -> tuple[Any, 
     return loss, grad
 
 
-@veda.gpu(force="gpu")
+@veda.gpu
 def monte_carlo_pi(n_samples: int) -> Any:
-    """The seed guide's Monte Carlo estimate; forced, because an int argument has no bytes."""
+    """The seed guide's Monte Carlo estimate: 8 bytes of arguments, seconds of work at 10**9
+    samples. Its first call shows it heavy, and the cost model then learns where it is faster."""
     import numpy as np
 
     x = np.random.random(n_samples)
@@ -102,11 +105,21 @@ def run(out: Callable[[str], None] = print, seed: int | None = None) -> bool:
                  and _same(grad, expected_grad, 1e-12),
                  f"reason: {train_step.explain(*small).reason}")
 
-    out(f"\n@veda.gpu(force='gpu') monte_carlo_pi({PI_SAMPLES:,}):")
-    estimate = monte_carlo_pi(PI_SAMPLES)
-    checks.check(f"within {PI_TOLERANCE} of pi", abs(float(estimate) - np.pi) < PI_TOLERANCE,
-                 f"{float(estimate):.5f} ({type(estimate).__name__})")
-    out(f"  {_where(monte_carlo_pi)}")
+    out(f"\n@veda.gpu monte_carlo_pi({PI_SAMPLES:,}), {PI_CALLS} calls (no force):")
+    estimates = []
+    for call in range(1, PI_CALLS + 1):
+        decision = monte_carlo_pi.explain(PI_SAMPLES)
+        started = time.perf_counter()
+        estimates.append(monte_carlo_pi(PI_SAMPLES))
+        out(f"  call {call}: {decision.path} in {(time.perf_counter() - started) * 1e3:.1f} ms "
+            f"({decision.reason})")
+    checks.check(f"within {PI_TOLERANCE} of pi",
+                 all(abs(float(estimate) - np.pi) < PI_TOLERANCE for estimate in estimates),
+                 ", ".join(f"{float(estimate):.5f}" for estimate in estimates)
+                 + f" ({type(estimates[-1]).__name__})")
+    if gpu:
+        final = monte_carlo_pi.explain(PI_SAMPLES)
+        checks.check("learned to run on the GPU", final.path == "gpu", final.reason)
 
     out(f"\npar_iter over {MATRICES} float32 {MATRIX_SIZE}x{MATRIX_SIZE} matrices, "
         "gpu_map((M @ M.T).sum(axis=0)):")

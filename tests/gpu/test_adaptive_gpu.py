@@ -76,3 +76,26 @@ def test_profile_survives_a_new_runtime() -> None:
     settle(spectrum, x)
     veda.init(config)  # closes (and saves) the first runtime
     assert "exploring" not in spectrum.explain(x).reason
+
+
+@veda.gpu
+def monte_carlo_pi(n_samples: int) -> float:
+    """The seed guide's estimate, decorated as the guide does: no force, no threshold."""
+    x = np.random.random(n_samples)
+    y = np.random.random(n_samples)
+    inside = (x**2 + y**2) <= 1.0
+    return 4.0 * inside.sum() / n_samples
+
+
+def test_a_heavy_function_of_an_int_learns_to_run_on_the_gpu(adaptive_runtime: veda.Runtime
+                                                             ) -> None:
+    estimates = [monte_carlo_pi(10**7) for _ in range(WARMUP)]
+    decision = monte_carlo_pi.explain(10**7)
+    assert decision.path == "gpu" and decision.model == "adaptive", decision
+    assert "for n_samples~2^23" in decision.reason and "vs cpu" in decision.reason
+    estimate = monte_carlo_pi(10**7)
+    assert isinstance(estimate, np.float64) and abs(estimate - np.pi) < 1e-3
+    assert all(abs(value - np.pi) < 1e-3 for value in estimates)
+    stats = adaptive_runtime.telemetry.function(
+        f"{__name__}.{monte_carlo_pi.__qualname__}").as_dict()
+    assert stats["gpu_calls"] >= EXPLORE_TRIES and stats["fallback_calls"] == 0

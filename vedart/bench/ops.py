@@ -9,8 +9,12 @@ more often than the other; its regret is against the oracle of its own phase. Ti
 baselines once, in an earlier phase, made the CPU look up to 40x faster than it was when the
 adaptive phase ran (H100, 2026-11-22).
 
-Target, on a GPU: adaptive geometric-mean regret <= 1.05 and
-worst case <= 1.5, the static rule's figures from the same run beside it.
+Besides operations on arrays of growing size, a family of small-argument, heavy calls (a Monte
+Carlo estimate from an ``int``, all-pairs distances of a few thousand points, power iteration on
+a small matrix), three work sizes each: bytes alone cannot see their work.
+
+Target, on the GPU machine: adaptive geometric-mean regret <= 1.05 and worst case <= 1.5 over
+the whole suite, the static rule's figures from the same run beside it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from __future__ import annotations
 import math
 import statistics
 import tempfile
+import types
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +88,86 @@ OPS: dict[str, tuple[Callable[[np.ndarray], Any], str, int]] = {
 }
 
 
+# Small arguments, heavy work: what bytes alone cannot see, written as a user writes them.
+def monte_carlo_pi(n_samples: int) -> Any:
+    x = np.random.random(n_samples)
+    y = np.random.random(n_samples)
+    return 4.0 * ((x**2 + y**2) <= 1.0).sum() / n_samples
+
+
+def nearest_neighbour_distances(points: np.ndarray) -> Any:
+    gaps = points[:, None, :] - points[None, :, :]
+    distances = np.sqrt((gaps**2).sum(axis=-1))
+    np.fill_diagonal(distances, np.inf)
+    return distances.min(axis=1)
+
+
+def power_iteration(matrix: np.ndarray) -> Any:
+    vector = np.ones(matrix.shape[0], dtype=matrix.dtype)
+    for _ in range(POWER_STEPS):
+        vector = matrix @ vector
+        vector = vector / np.linalg.norm(vector)
+    return vector @ matrix @ vector
+
+
+POWER_STEPS = 300
+HEAVY_SIZES: dict[str, tuple[int, ...]] = {  # n samples, points, matrix side (all < 64 KiB)
+    "monte_carlo_pi": (10**5, 10**6, 10**7),
+    "nearest_neighbour_distances": (500, 1500, 3000),
+    "power_iteration": (48, 96, 120),
+}
+
+
+def _heavy_args(op: str, size: int, seed: int) -> tuple[Any, ...]:
+    rng = np.random.default_rng(seed)
+    if op == "monte_carlo_pi":
+        return (size,)
+    if op == "nearest_neighbour_distances":
+        return (rng.random((size, 3), dtype=np.float32),)
+    return (rng.random((size, size), dtype=np.float32),)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: ``func`` on ``args``, labelled ``size``; ``work`` orders a family's rows;
+    ``hand_cupy(cupy, *args)`` is the hand-written CuPy port, end to end (host in, host out)."""
+
+    op: str
+    size: str
+    work: float
+    func: Callable[..., Any]
+    args: tuple[Any, ...]
+    hand_cupy: Callable[..., Any]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(arg.nbytes) for arg in self.args if isinstance(arg, np.ndarray))
+
+
+def _port(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The hand port of ``func``: its code with ``np`` meaning CuPy, on device copies of its
+    array arguments, its result copied back."""
+    def ported(cupy: Any, *args: Any) -> Any:
+        on_device = types.FunctionType(func.__code__, {**func.__globals__, "np": cupy})
+        return cupy.asnumpy(on_device(*(cupy.asarray(arg) if isinstance(arg, np.ndarray)
+                                        else arg for arg in args)))
+    return ported
+
+
+def cases(sizes: tuple[int, ...], heavy_sizes: dict[str, tuple[int, ...]]) -> list[Case]:
+    """The byte-sized operations at ``sizes``, then the small-argument family."""
+    found = [Case(op, f"{size // 1024}KB", size, func, (make_input(dtype, rank, size, index),),
+                  _port(func))
+             for index, (op, (func, dtype, rank), size) in enumerate(
+                 (op, spec, size) for op, spec in OPS.items() for size in sizes)]
+    for op, op_sizes in heavy_sizes.items():
+        func = globals()[op]
+        for size in op_sizes:
+            found.append(Case(op, f"{'n' if op == 'monte_carlo_pi' else 'side'}={size}", size,
+                              func, _heavy_args(op, size, len(found)), _port(func)))
+    return found
+
+
 def make_input(dtype: str, rank: int, nbytes: int, seed: int) -> np.ndarray:
     count = nbytes // np.dtype(dtype).itemsize
     rng = np.random.default_rng(seed)
@@ -91,33 +177,36 @@ def make_input(dtype: str, rank: int, nbytes: int, seed: int) -> np.ndarray:
     return rng.standard_normal(count).astype(dtype)
 
 
-def _phase_times(func: Callable[[np.ndarray], Any], x: np.ndarray, path: str, repeats: int,
-                 budget_s: float, warmup: int, cupy: Any | None
-                 ) -> tuple[dict[str, float], str, int]:
+def _phase_times(case: Case, path: str, repeats: int, budget_s: float, warmup: int,
+                 cupy: Any | None) -> tuple[dict[str, float], str, int]:
     """Median seconds of NumPy, hand-written CuPy (end to end) and ``func`` under @gpu with the
     current runtime's cost model (``path``), taken in turn so that all three see the machine in
     the same state; the reason of the last @gpu decision; and the rounds taken (at least
     ``repeats``, more while ``budget_s`` lasts: ``harness.interleaved_samples``)."""
-    wrapped = veda.gpu(func)
-    runs = {"cpu": lambda: func(x), path: lambda: wrapped(x)}
+    wrapped, args = veda.gpu(case.func), case.args
+    runs = {"cpu": lambda: case.func(*args), path: lambda: wrapped(*args)}
     synchronize = {}
     if cupy is not None:
-        runs["cupy"] = lambda: cupy.asnumpy(func(cupy.asarray(x)))
+        runs["cupy"] = lambda: case.hand_cupy(cupy, *args)
         synchronize["cupy"] = cupy.cuda.get_current_stream().synchronize
     samples = interleaved_samples(runs, repeats=repeats,
                                   warmup={"cpu": 2, "cupy": 3, path: warmup + 1},
                                   synchronize=synchronize, budget_s=budget_s,
                                   max_repeats=MAX_ROUNDS)
     times = {name: statistics.median(values) for name, values in samples.items()}
-    return times, wrapped.explain(x).reason, len(samples["cpu"])  # type: ignore[attr-defined]
+    return times, wrapped.explain(*args).reason, len(samples["cpu"])  # type: ignore[attr-defined]
 
 
 def _geomean(values: list[float]) -> float:
     return float(math.exp(sum(math.log(v) for v in values) / len(values))) if values else math.nan
 
 
-def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
+def run(quick: bool, sizes: tuple[int, ...] | None = None,
+        heavy_sizes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
+    """Every case under the static rule, then under the adaptive model (a fresh profile), each
+    with NumPy and hand-written CuPy timed in the same rounds."""
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
+    heavy_sizes = HEAVY_SIZES if heavy_sizes is None else heavy_sizes
     repeats = 6 if quick else 12  # whole cycles of the 3! round orders (more for cheap cases)
     budget_s = PHASE_BUDGET_S[quick]
     runtime = veda.init(veda.Config.builder().cost_model("static").build())
@@ -128,19 +217,18 @@ def run(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
 
         wait_for_staging_loop(runtime)
     rows: list[dict[str, Any]] = []
-    inputs = {(op, size): make_input(OPS[op][1], OPS[op][2], size, seed=index)
-              for index, (op, size) in enumerate((op, s) for op in OPS for s in sizes)}
-    for (op, _), x in inputs.items():
-        times, reason, rounds = _phase_times(OPS[op][0], x, "static", repeats, budget_s, 1, cupy)
-        rows.append({"op": op, "bytes": int(x.nbytes), "static_reason": reason,
-                     "static_rounds": rounds,
+    all_cases = cases(sizes, heavy_sizes)
+    for case in all_cases:
+        times, reason, rounds = _phase_times(case, "static", repeats, budget_s, 1, cupy)
+        rows.append({"op": case.op, "size": case.size, "work": case.work,
+                     "bytes": case.nbytes, "static_reason": reason, "static_rounds": rounds,
                      **{f"{name}_s": seconds for name, seconds in times.items()}})
     with tempfile.TemporaryDirectory() as profile_dir:
         veda.init(veda.Config.builder().cost_model("adaptive")
                   .profile_path(str(Path(profile_dir) / "profile.json")).build())
-        for row, x in zip(rows, inputs.values()):
+        for row, case in zip(rows, all_cases):
             times, row["adaptive_reason"], row["adaptive_rounds"] = _phase_times(
-                OPS[row["op"]][0], x, "adaptive", repeats, budget_s, WARMUP_CALLS, cupy)
+                case, "adaptive", repeats, budget_s, WARMUP_CALLS, cupy)
             row["adaptive_s"] = times.pop("adaptive")
             row.update({f"adaptive_phase_{name}_s": seconds for name, seconds in times.items()})
     veda.shutdown()
@@ -169,7 +257,7 @@ def format_table(result: dict[str, Any]) -> str:
              f"{'cpu ms':>9} {'cupy ms':>9} {'@gpu ms':>9} {'regret':>7}  adaptive decision"]
     for row in result["rows"]:
         lines.append(
-            f"{row['op']:<16} {row['bytes'] // 1024:>6}KB {ms(row, 'cpu_s')} {ms(row, 'cupy_s')} "
+            f"{row['op'][:16]:<16} {row['size']:>8} {ms(row, 'cpu_s')} {ms(row, 'cupy_s')} "
             f"{ms(row, 'static_s')} {row['static_regret']:7.2f}  "
             f"{ms(row, 'adaptive_phase_cpu_s')} {ms(row, 'adaptive_phase_cupy_s')} "
             f"{ms(row, 'adaptive_s')} {row['adaptive_regret']:7.2f}  {row['adaptive_reason']}")
@@ -198,12 +286,13 @@ def plot(result: dict[str, Any], path: str) -> None:
                                 squeeze=False)
     for axis, op in zip(axes.flat, ops):
         rows = [row for row in result["rows"] if row["op"] == op]
-        sizes = [row["bytes"] / 2**20 for row in rows]
+        sizes = [row["work"] for row in rows]
         for column, label in (("cpu_s", "CPU"), ("cupy_s", "CuPy end to end"),
                               ("static_s", "vedart static"), ("adaptive_s", "vedart adaptive")):
             if column in rows[0]:
                 axis.plot(sizes, [row[column] * 1e3 for row in rows], marker="o", label=label)
-        axis.set(title=op, xscale="log", yscale="log", xlabel="input MiB", ylabel="ms")
+        axis.set(title=op, xscale="log", yscale="log",
+                 xlabel="input bytes" if op in OPS else "n or side", ylabel="ms")
     for axis in list(axes.flat)[len(ops):]:
         axis.axis("off")
     axes.flat[0].legend(fontsize="small")

@@ -1,32 +1,40 @@
 """The adaptive cost model: learn, per function and argument signature, which path is faster.
 
-Bytes alone cannot tell (a float64 sum never pays for its transfer; a 256 KB FFT does), so
-timings decide. Per (function, signature: dtypes and ranks, log2 size bucket) the model keeps
-the latest end-to-end times of each path and:
+Bytes alone cannot tell (a float64 sum never pays for its transfer; a 256 KB FFT does; a
+function of an ``int`` can run for seconds), so timings decide. Per (function, signature:
+dtypes, ranks and the log2 magnitudes of numbers passed as arguments, log2 size bucket) the
+model keeps the latest end-to-end times of each path and:
 
-0. learns from each call's end-to-end time, except the first call of a bucket after a
+0. learns from each timed call's end-to-end time, except the first call of a bucket after a
    call on the other path: it pays for waking its path (NumPy's BLAS threads, cold caches),
-   which is not what the path costs once chosen;
-1. explores: a path with fewer than ``EXPLORE_TRIES`` samples in the bucket is tried, one
-   path's tries back to back (the predicted-faster path first), unless that path is already
-   clearly worse (its typical time above
-   ``CLEARLY_WORSE`` x the other's, or so predicted by fits over several other sizes);
-2. exploits: otherwise it takes the path with the lower typical time (the lower median of
-   its kept samples: one slow sample does not condemn a path, one lucky sample does not
-   crown it), except that it re-checks the other path after ``REVISIT_FIRST`` calls,
-   then after twice as many each time (up to ``REVISIT_MAX``), so a path timed during a slow
-   spell is timed again. A re-check runs the other path on ``RECHECK_CALLS`` consecutive
-   calls; one that finds it faster than the chosen path is followed by another after
-   ``REVISIT_FIRST`` calls again, so a path whose samples came from a slow spell wins back in
-   a few re-checks. Calls below the size under which a function is settled on the CPU
-   take the @gpu fast path and never reach the model, so those sizes are not re-checked;
-3. generalises: a bucket with no samples for a path is predicted by a per-path fit
-   ``time = a + b * bytes`` over the function's other buckets, else by the calibration profile
-   (``python -m vedart calibrate``; defaults are figures measured on an H100 80GB HBM3).
+   which is not what the path costs once chosen. @gpu's fast path (arguments below
+   ``ADAPTIVE_FLOOR``) feeds it the CPU time of calls of ``LIGHT_S`` or more: a function
+   lighter than that never reaches the model;
+1. starts a size it knows nothing about on the CPU while the calibration predicts the CPU
+   under ``FIRST_ON_CPU_S`` (the first call runs as written and its time decides what is worth
+   trying), else on the path the calibration predicts faster;
+2. explores: a path with fewer than ``EXPLORE_TRIES`` samples in the bucket is tried, one
+   path's tries back to back, unless it is clearly worse (its typical time above
+   ``CLEARLY_WORSE`` x the other's, or so predicted by fits over other sizes; or, for the GPU,
+   a measured CPU call faster than a GPU launch plus the upload), or trying it would take the
+   function's exploration cost beyond ``EXPLORE_BUDGET`` of its time so far;
+3. exploits: otherwise it takes the path with the lower typical time (the lower median of
+   its kept samples). Settled calls are not timed; they count down to a re-check of the other
+   path (``RECHECK_CALLS`` calls, then as many timed calls of the chosen path) after
+   ``REVISIT_FIRST`` calls, then twice as many each time (up to ``REVISIT_MAX``), and never
+   sooner than keeps the re-check within ``EXPLORE_BUDGET`` of the calls between (at least
+   ``SLOW_REVISIT_MIN`` for a path ``SLOW_RATIO`` times slower). A re-check that finds the
+   other path faster is followed by another after ``REVISIT_FIRST`` calls;
+4. generalises: a bucket with no samples for a path is predicted by a per-path fit
+   ``time = a + b * size`` over the function's other buckets of the signature (size: bytes
+   times the scalars' magnitudes), never below a GPU launch plus the upload for the GPU, else
+   by the calibration profile (``python -m vedart calibrate``; defaults are figures measured
+   on an H100 80GB HBM3).
 
 The model is consulted only after the static checks allowed the GPU (usable device, supported
 dtypes, enough free memory), so it never picks a path that fails them. History persists in the
-profile file (:mod:`vedart.offload.profile`) keyed by qualname and a hash of the code.
+profile file (:mod:`vedart.offload.profile`) keyed by qualname and a hash of the code; reasons
+of buckets settled from it say ``from profile``.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -55,6 +63,18 @@ REVISIT_MAX = 4096   # ... then after twice as many each time, up to this
 RECHECK_CALLS = 2    # consecutive calls of a re-check (the first, a switch, is not learned)
 SAVE_INTERVAL_S = 30.0  # the profile is written at most this often, and when the runtime closes
 ADAPTIVE_FLOOR = 64 * 1024  # default threshold under the adaptive model: below it, the fast path
+# A fast-path call (arguments below the floor) at least this long on the CPU makes its function
+# "heavy": its calls then reach the model. Well above a GPU launch plus a small transfer (about
+# 50 us on the H100), so a function this light on the CPU never pays for exploring the GPU.
+LIGHT_S = 200e-6
+# Exploring a path predicted slower, and re-checking a slower path, may cost a function at most
+# this share of its total time so far beyond what the faster path would have cost.
+EXPLORE_BUDGET = 0.1
+# A size the model knows nothing about starts on the CPU while the calibration predicts the CPU
+# under this; above, on the path the calibration predicts faster.
+FIRST_ON_CPU_S = 0.01
+SLOW_RATIO = 10.0       # a path measured this much slower is re-checked at least ...
+SLOW_REVISIT_MIN = 256  # ... this many calls apart
 
 
 @dataclass(frozen=True)
@@ -67,11 +87,20 @@ class Calibration:
     gpu_bytes_per_s: float = 1e12    # elementwise float32 on the H100
     cpu_bytes_per_s: float = 4e9     # elementwise float32, NumPy, one core
 
+    def gpu_floor(self, nbytes: int) -> float:
+        """The least a GPU call with ``nbytes`` of host inputs can cost: a launch and the
+        upload, whatever the work (a CPU call faster than this cannot lose to the GPU)."""
+        return self.gpu_launch_s + nbytes / self.h2d_bytes_per_s
+
     def predict(self, path: str, nbytes: int) -> float:
         if path == "cpu":
             return nbytes / self.cpu_bytes_per_s
         return (self.gpu_launch_s + nbytes / self.h2d_bytes_per_s
                 + nbytes / self.d2h_bytes_per_s + nbytes / self.gpu_bytes_per_s)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
 
 
 def function_key(func: Callable[..., Any], qualified_name: str) -> str:
@@ -85,11 +114,54 @@ def size_bucket(nbytes: int) -> int:
     return max(nbytes, 1).bit_length() - 1
 
 
+SCALARS = ";"  # separates a signature's arrays from its scalar parts ("<f4:1;n~2^24")
+
+
+def family(signature: str) -> str:
+    """``signature`` without its scalars' magnitudes (``"<f4:1;n"``): the signatures whose
+    buckets one fit spans."""
+    arrays, _, scalars = signature.partition(SCALARS)
+    if not scalars:
+        return signature
+    return arrays + SCALARS + ",".join(part.split("~", 1)[0] for part in scalars.split(","))
+
+
+def work_size(signature: str, nbytes: float) -> float:
+    """What sizes a call's work, for fits across buckets: its bytes, times each scalar's
+    magnitude (``2**k`` for ``n~2^k``) where the signature has scalars."""
+    _, _, scalars = signature.partition(SCALARS)
+    if not scalars:
+        return nbytes
+    exponent = sum(int(part.rsplit("^", 1)[1]) for part in scalars.split(","))
+    return max(nbytes, 1.0) * 2.0 ** exponent
+
+
+def describe(signature: str, nbytes: int) -> str:
+    """Where a call sits, for reasons: ``at ~16.0 MB``, ``for n~2^24``, ``at ~36.0 KB,
+    n~2^12``."""
+    _, _, scalars = signature.partition(SCALARS)
+    if not scalars:
+        return f"at ~{format_bytes(nbytes)}"
+    if nbytes == 0:
+        return f"for {scalars.replace(',', ', ')}"
+    return f"at ~{format_bytes(nbytes)}, {scalars.replace(',', ', ')}"
+
+
+class Choice(NamedTuple):
+    """The model's answer for one call: the path, why, and whether the call is timed and
+    learned from (exploring or re-checking); a settled call is not."""
+
+    path: str
+    reason: str
+    timed: bool = True
+
+
 @dataclass(slots=True)
 class _Revisit:
     """When a settled bucket next runs its other path: after ``calls_left`` more calls (the
     current ``interval``), while ``chosen`` is its choice; ``recheck_left`` more calls of a
-    re-check under way."""
+    re-check under way (``RECHECK_CALLS`` of the other path, then as many of the chosen path,
+    timed so that both paths' times are recent)."""
 
     calls_left: int
     interval: int
@@ -98,21 +170,36 @@ class _Revisit:
 
 
 @dataclass(slots=True)
+class _Ledger:
+    """One function's time: ``total`` seconds of its calls that reached the model (settled
+    calls counted at their path's typical time), and ``extra``, what exploring and re-checking
+    cost beyond the faster path."""
+
+    total: float = 0.0
+    extra: float = 0.0
+
+    def allows(self, cost: float) -> bool:
+        return self.extra + cost <= EXPLORE_BUDGET * self.total
+
+
+@dataclass(slots=True)
 class _Bucket:
     """The model's state of one (function, signature, size bucket): ``samples``, the
     profile's [seconds, nbytes] lists per path (changed only by ``observe``); ``choice``, the
-    cached ((path, reason), settled) while it holds (see ``AdaptiveModel.choose``);
+    cached (Choice, settled, the fits it read, if any: it holds while they are the current ones);
     ``typicals``, each path's typical seconds since its samples last changed; ``revisit``, the
-    re-check schedule of a settled bucket; ``last_path``, the path of the latest observed call.
+    re-check schedule of a settled bucket; ``last_path``, the path of the latest observed call;
+    ``from_profile``, whether its samples all came from the profile file.
     One lookup finds it all (H100, 2026-11-23, a 256 KB FFT settled on the GPU, timed inside
     the bench's interleaving: ``observe`` took 20-21 us with these in five dictionaries and
     three sorts, 15-17 us with one lookup and one sort)."""
 
     samples: dict[str, list[list[float]]]
-    choice: tuple[tuple[str, str], bool] | None = None
+    choice: tuple[Choice, bool, dict[str, Any] | None] | None = None
     typicals: dict[str, float] = field(default_factory=dict)
     revisit: _Revisit | None = None
     last_path: str | None = None
+    from_profile: bool = False
 
     def typical(self, path: str) -> float:
         """:func:`typical` seconds of ``path`` (inf without samples)."""
@@ -128,15 +215,20 @@ def typical(samples: list[list[float]]) -> list[float]:
     return sorted(samples)[(len(samples) - 1) // 2]
 
 
-def _fit(points: list[tuple[int, float]]) -> Callable[[int], float] | None:
-    """Least squares ``time = a + b * bytes`` (a, b >= 0) through per-bucket typical times."""
+def _fit(points: list[tuple[float, float]], proportional: bool = False
+         ) -> Callable[[float], float] | None:
+    """Least squares ``time = a + b * size`` (a, b >= 0) through per-bucket typical times; with
+    one point, ``time = b * size`` where ``proportional`` (work sized by scalars), else None."""
+    if len(points) == 1 and proportional:
+        size, seconds = points[0]
+        return lambda work: seconds * work / size
     if len(points) < 2:
         return None
     sizes = np.array([p[0] for p in points], dtype=float)
     times = np.array([p[1] for p in points], dtype=float)
     slope, intercept = np.polyfit(sizes, times, 1)
     slope, intercept = max(float(slope), 0.0), max(float(intercept), 0.0)
-    return lambda nbytes: intercept + slope * nbytes
+    return lambda work: intercept + slope * work
 
 
 class AdaptiveModel:
@@ -153,12 +245,16 @@ class AdaptiveModel:
                                            else Calibration())
         self._unsaved = profile is not None and profile.rejected  # replace a rejected file
         self._saved_at = time.monotonic()
-        # Per-(function, signature) fits, dropped when a bucket's typical time of a path changes.
-        self._fit_cache: dict[tuple[str, str], dict[str, Callable[[int], float] | None]] = {}
+        # Bucket names that came with samples from the profile file (reasons say so).
+        self._loaded = {(key, name) for key, buckets in data["functions"].items()
+                        for name, samples in buckets.items() if samples["cpu"] or samples["gpu"]}
+        # Per-(function, family) fits, dropped when a bucket's typical time of a path changes.
+        self._fit_cache: dict[tuple[str, str], dict[str, Callable[[float], float] | None]] = {}
         # Per-(function, signature) whether every bucket has samples of both paths, dropped
         # when a bucket or a bucket's first sample of a path appears.
         self._complete: dict[tuple[str, str], bool] = {}
         self._buckets: dict[tuple[str, str, int], _Bucket] = {}
+        self._ledgers: dict[str, _Ledger] = {}
         # Changes whenever a choice may have changed: which path is faster in a bucket, a path
         # still being explored (its sample count), a time the fits of an unsampled size read,
         # the calibration. Callers deriving state from choices re-derive it only then.
@@ -175,26 +271,36 @@ class AdaptiveModel:
             if name not in buckets:
                 buckets[name] = {"cpu": [], "gpu": []}
                 self._complete.pop((key, signature), None)
-            state = self._buckets[where] = _Bucket(buckets[name])
+            state = self._buckets[where] = _Bucket(buckets[name],
+                                                   from_profile=(key, name) in self._loaded)
         return state
+
+    def _ledger(self, key: str) -> _Ledger:
+        ledger = self._ledgers.get(key)
+        if ledger is None:
+            ledger = self._ledgers[key] = _Ledger()
+        return ledger
 
     def _samples(self, key: str, signature: str, bucket: int) -> dict[str, list[list[float]]]:
         return self._bucket((key, signature, bucket)).samples
 
-    def _fits(self, key: str, signature: str) -> dict[str, Callable[[int], float] | None]:
-        cached = self._fit_cache.get((key, signature))
+    def _fits(self, key: str, signature: str) -> dict[str, Callable[[float], float] | None]:
+        group = family(signature)
+        cached = self._fit_cache.get((key, group))
         if cached is not None:
             return cached
-        typical_points: dict[str, list[tuple[int, float]]] = {path: [] for path in PATHS}
+        typical_points: dict[str, list[tuple[float, float]]] = {path: [] for path in PATHS}
         for name, samples in self._data["functions"].get(key, {}).items():
-            if name.rsplit("|", 1)[0] != signature:
+            other = name.rsplit("|", 1)[0]
+            if family(other) != group:
                 continue
             for path in PATHS:
                 if samples[path]:
                     seconds, nbytes = typical(samples[path])
-                    typical_points[path].append((int(nbytes), seconds))
-        fits = {path: _fit(points) for path, points in typical_points.items()}
-        self._fit_cache[key, signature] = fits
+                    typical_points[path].append((work_size(other, nbytes), seconds))
+        proportional = group != signature.partition(SCALARS)[0]
+        fits = {path: _fit(points, proportional) for path, points in typical_points.items()}
+        self._fit_cache[key, group] = fits
         return fits
 
     @property
@@ -202,68 +308,94 @@ class AdaptiveModel:
         """The profile file this model loads and saves, or None without one."""
         return None if self._profile is None else self._profile.path
 
-    def choose(self, key: str, signature: str, nbytes: int, *, peek: bool = False
-               ) -> tuple[str, str]:
-        """(path, reason) for a call with ``nbytes`` of host arrays of ``signature``. Calls of
+    def choose(self, key: str, signature: str, nbytes: int, *, peek: bool = False) -> Choice:
+        """The Choice for a call with ``nbytes`` of host arrays of ``signature``. Calls of
         a bucket with samples of both paths share one choice (and its reason, which names the
         size and the times of when it was made) until a sample count changes or the other
-        path becomes the faster one. A settled bucket
+        path becomes the faster one. A settled bucket's calls are not timed, except that it
         re-checks its other path now and then (:meth:`_revisit_or`); ``peek`` answers as for
         the next call without counting this one (``explain``)."""
         with self._lock:
             state = self._bucket((key, signature, size_bucket(nbytes)))
             choice, settled = self._bucket_choice(state, key, signature, nbytes)
-            return self._revisit_or(choice, state, nbytes, peek) if settled else choice
+            if not settled:
+                return choice
+            return self._revisit_or(choice, state, key, describe(signature, nbytes), peek)
 
     def _bucket_choice(self, state: _Bucket, key: str, signature: str, nbytes: int
-                       ) -> tuple[tuple[str, str], bool]:
+                       ) -> tuple[Choice, bool]:
         """The choice for bucket ``state`` of (``key``, ``signature``) at ``nbytes`` and
         whether the bucket is settled (explored, not exploring), reused while cached (see
         :meth:`choose`); the caller holds the lock."""
-        if state.choice is not None:
-            return state.choice
+        cached = state.choice
+        if cached is not None and (cached[2] is None or
+                                   self._fit_cache.get((key, family(signature))) is cached[2]):
+            return cached[0], cached[1]
         fits = self._fits_if_needed(key, signature, state.samples)
-        path, reason, settled = self._choose(state.samples, fits, nbytes)
-        choice = ((path, reason), settled)
-        if fits is None:
-            state.choice = choice
-        return choice
+        path, reason, settled = self._choose(state, fits, signature, nbytes, self._ledger(key))
+        choice = Choice(path, reason, not settled)
+        if settled:  # an exploring choice reads the ledger, which every call moves
+            state.choice = (choice, settled, fits)
+        return choice, settled
 
-    def _revisit_or(self, choice: tuple[str, str], bucket: _Bucket, nbytes: int,
-                    peek: bool) -> tuple[str, str]:
-        """``choice``, except that every so many calls of a settled bucket the other path runs
-        (``RECHECK_CALLS`` calls in a row): a path's evidence is its recent times, and ones
-        measured during a slow spell (a cold thread pool, another tenant) would otherwise
-        never be measured again. The
-        interval starts at ``REVISIT_FIRST`` calls and doubles up to ``REVISIT_MAX``, so a
-        path that really is slower costs little; it starts afresh when the choice changes.
-        Only calls that reach the model count (not those under the settled-CPU floor, which
-        take the fast path); with ``peek`` nothing is counted."""
+    def _revisit_or(self, choice: Choice, bucket: _Bucket, key: str, where: str,
+                    peek: bool) -> Choice:
+        """``choice`` untimed, except that every so many calls of a settled bucket the other
+        path runs (``RECHECK_CALLS`` calls in a row, then as many timed calls of the chosen
+        path): a path's evidence is its recent times, and ones measured during a slow spell
+        (a cold thread pool, another tenant) would otherwise never be measured again. The
+        interval starts at ``REVISIT_FIRST`` calls and doubles up to ``REVISIT_MAX``, and is
+        at least what keeps the re-check within ``EXPLORE_BUDGET`` of the calls between
+        (at least ``SLOW_REVISIT_MIN`` for a path ``SLOW_RATIO`` times slower); it starts afresh
+        when the choice changes. Only calls that reach the model count (not those under the
+        settled-CPU floor, which take the fast path); with ``peek`` nothing is counted."""
         state = bucket.revisit
-        if state is None or state.chosen != choice[0]:
-            state = _Revisit(REVISIT_FIRST, REVISIT_FIRST, choice[0])
+        other = "cpu" if choice.path == "gpu" else "gpu"
+        if state is None or state.chosen != choice.path:
+            first = self._interval(REVISIT_FIRST, bucket, choice.path, other)
+            state = _Revisit(first, first, choice.path)
             if not peek:
                 bucket.revisit = state
         if state.recheck_left == 0 and state.calls_left > 1:
             if not peek:
                 state.calls_left -= 1
+                bucket.last_path = choice.path  # untimed, but a switch all the same
+                seconds = bucket.typical(choice.path)
+                if seconds != math.inf:
+                    self._ledger(key).total += seconds
             return choice
         if state.recheck_left > 0:
-            interval, call = state.interval, RECHECK_CALLS - state.recheck_left + 1
+            interval, call = state.interval, 2 * RECHECK_CALLS - state.recheck_left + 1
             if not peek:
                 state.recheck_left -= 1
         else:
-            interval, call = min(2 * state.interval, REVISIT_MAX), 1
+            interval = self._interval(min(2 * state.interval, REVISIT_MAX), bucket,
+                                      choice.path, other)
+            call = 1
             if not peek:
                 state.calls_left = state.interval = interval
-                state.recheck_left = RECHECK_CALLS - 1
-        other = "cpu" if choice[0] == "gpu" else "gpu"
-        return other, (f"adaptive: re-checking {other} at ~{format_bytes(nbytes)}, call {call} "
-                       f"of {RECHECK_CALLS} ({choice[0]} chosen; next check in {interval} "
-                       f"calls)")
+                state.recheck_left = 2 * RECHECK_CALLS - 1
+        if call > RECHECK_CALLS:  # the re-check's second half: the chosen path, timed
+            return Choice(choice.path, choice.reason, True)
+        return Choice(other, f"adaptive: re-checking {other} {where}, call "
+                             f"{call} of {RECHECK_CALLS} ({choice.path} chosen; next check in "
+                             f"{interval} calls)")
+
+    @staticmethod
+    def _interval(calls: int, bucket: _Bucket, chosen: str, other: str) -> int:
+        """Calls until the next re-check: ``calls``, or more where that keeps a re-check's
+        extra time within ``EXPLORE_BUDGET`` of the chosen path's time over the interval."""
+        chosen_s, other_s = bucket.typical(chosen), bucket.typical(other)
+        if not (0 < chosen_s < other_s < math.inf):
+            return calls
+        ratio = other_s / chosen_s
+        budgeted = math.ceil(RECHECK_CALLS * (ratio - 1) / EXPLORE_BUDGET)
+        if ratio >= SLOW_RATIO:
+            budgeted = max(budgeted, SLOW_REVISIT_MIN)
+        return max(calls, budgeted)
 
     def _fits_if_needed(self, key: str, signature: str, samples: dict[str, list[list[float]]]
-                        ) -> dict[str, Callable[[int], float] | None] | None:
+                        ) -> dict[str, Callable[[float], float] | None] | None:
         """The fits, or None when both paths have samples in the bucket and no fit is read
         (fitting costs tens of microseconds; a settled bucket must not pay it)."""
         return None if samples["cpu"] and samples["gpu"] else self._fits(key, signature)
@@ -277,41 +409,69 @@ class AdaptiveModel:
                              for name, samples in self._data["functions"].get(key, {}).items()
                              if samples["cpu"] or samples["gpu"])
             for bucket, signature in buckets:
-                (path, _), settled = self._bucket_choice(
+                (path, *_), settled = self._bucket_choice(
                     self._bucket((key, signature, bucket)), key, signature, 2**bucket)
                 if path != "cpu" or not settled:
                     break
                 ceiling = 2 ** (bucket + 1)
         return ceiling
 
-    def _choose(self, samples: dict[str, list[list[float]]],
-                fits: dict[str, Callable[[int], float] | None] | None, nbytes: int
-                ) -> tuple[str, str, bool]:
+    def seen_below(self, key: str, nbytes: int) -> bool:
+        """Whether this function has samples at a size under ``nbytes`` (the floor): it made
+        a heavy call there, so its small calls must reach the model."""
+        limit = size_bucket(nbytes)
+        with self._lock:
+            return any(int(name.rsplit("|", 1)[1]) < limit
+                       and (samples["cpu"] or samples["gpu"])
+                       for name, samples in self._data["functions"].get(key, {}).items())
+
+    def _choose(self, state: _Bucket, fits: dict[str, Callable[[float], float] | None] | None,
+                signature: str, nbytes: int, ledger: _Ledger) -> tuple[str, str, bool]:
         """(path, reason, settled: not exploring); ``fits`` may be None only when both paths
         have samples (it is not read then)."""
-        size = f"~{format_bytes(nbytes)}"
-        measured = {path: typical(samples[path])[0] if samples[path] else None for path in PATHS}
+        samples = state.samples
+        where = describe(signature, nbytes)
+        measured = {path: state.typical(path) if samples[path] else None for path in PATHS}
         fitted = fits or dict.fromkeys(PATHS)
+        work = work_size(signature, nbytes)
         predicted = {path: measured[path] if measured[path] is not None
-                     else (fitted[path](nbytes) if fitted[path] is not None  # type: ignore[misc]
+                     else (fitted[path](work) if fitted[path] is not None  # type: ignore[misc]
                            else self.calibration.predict(path, nbytes)) for path in PATHS}
+        if measured["gpu"] is None:  # no fit can take the GPU below a launch and the upload
+            predicted["gpu"] = max(predicted["gpu"], self.calibration.gpu_floor(nbytes))
+        if all(measured[path] is None and fitted[path] is None for path in PATHS) \
+                and predicted["cpu"] < FIRST_ON_CPU_S:
+            # Nothing known of this function at this size, and bytes alone cannot tell a heavy
+            # call from a light one: the first call runs as written, and its time decides
+            # what is worth trying (the calibration's guess at it is cheap to be wrong about).
+            return "cpu", f"adaptive: exploring cpu {where} (first call)", False
 
         def clearly_worse(path: str) -> bool:
             other = "gpu" if path == "cpu" else "cpu"
+            if path == "gpu" and measured["cpu"] is not None \
+                    and measured["cpu"] < self.calibration.gpu_floor(nbytes):
+                return True  # faster than a GPU launch plus the upload: the GPU cannot win
             known = measured[path] is not None or (fitted[path] is not None
                                                and fitted[other] is not None)
             return known and predicted[path] > CLEARLY_WORSE * predicted[other]
 
+        def affordable(path: str) -> bool:  # against a measured alternative
+            other = "gpu" if path == "cpu" else "cpu"
+            cost = predicted[path] - predicted[other]
+            return cost <= 0 or measured[other] is None or ledger.allows(cost)
+
         # A path being explored is finished before the other starts, so each is sampled as it
         # runs once chosen: after itself.
         for path in sorted(PATHS, key=lambda p: (-len(samples[p]), predicted[p])):
-            if len(samples[path]) < EXPLORE_TRIES and not clearly_worse(path):
-                return path, (f"adaptive: exploring {path} at {size} "
+            if len(samples[path]) < EXPLORE_TRIES and not clearly_worse(path) \
+                    and affordable(path):
+                return path, (f"adaptive: exploring {path} {where} "
                               f"({len(samples[path])} of {EXPLORE_TRIES} tries)"), False
         path = min(PATHS, key=lambda p: predicted[p])
         count = len(samples["cpu"]) + len(samples["gpu"])
-        return path, (f"adaptive: gpu {predicted['gpu'] * 1e3:.3g} ms vs cpu "
-                      f"{predicted['cpu'] * 1e3:.3g} ms at {size} ({count} samples)"), True
+        origin = ", from profile" if state.from_profile else ""
+        return path, (f"adaptive: gpu {_ms(predicted['gpu'])} vs cpu {_ms(predicted['cpu'])} "
+                      f"{where} ({count} samples{origin})"), True
 
     def observe(self, key: str, signature: str, nbytes: int, path: str, seconds: float) -> None:
         """Record one end-to-end time of ``path`` (not the first after a call on the other
@@ -319,13 +479,21 @@ class AdaptiveModel:
         ``SAVE_INTERVAL_S`` seconds (and on :meth:`save`)."""
         with self._lock:
             state = self._bucket((key, signature, size_bucket(nbytes)))
+            other_path = "gpu" if path == "cpu" else "cpu"
+            other_time = state.typical(other_path)
+            ledger = self._ledger(key)
+            ledger.total += seconds
+            if seconds > other_time:
+                ledger.extra += seconds - other_time
             last, state.last_path = state.last_path, path
             if last is not None and last != path:  # the first call after a switch: waking up
                 return
-            other_path = "gpu" if path == "cpu" else "cpu"
-            kept, other = state.samples[path], state.samples[other_path]
-            before, other_time = state.typical(path), state.typical(other_path)
-            explored_before = len(kept) >= EXPLORE_TRIES <= len(other)
+            if state.from_profile:
+                state.from_profile = False
+                state.choice = None
+            kept = state.samples[path]
+            before = state.typical(path)
+            explored_before = len(kept) >= EXPLORE_TRIES <= len(state.samples[other_path])
             if not kept:
                 self._complete.pop((key, signature), None)
             kept.append([seconds, nbytes])
@@ -340,7 +508,7 @@ class AdaptiveModel:
             state.typicals.pop(path, None)
             after = state.typical(path)
             if after != before:
-                self._fit_cache.pop((key, signature), None)
+                self._fit_cache.pop((key, family(signature)), None)
                 # A settled bucket whose faster path stays keeps its choice (the figures in
                 # its reason are those of when it was made): a noisy path's median moves on
                 # about half of its samples, and choosing afresh costs tens of microseconds.

@@ -3,12 +3,16 @@
 Arrays are found in positional and keyword arguments and inside lists, tuples (namedtuples
 included) and dicts, nested up to ``CONTAINER_DEPTH`` levels below the argument (``f([A, B])``
 and ``f({"x": (A,)})`` are seen; an array three containers deep is not, and stays on the host).
-Scanning is linear in the number of container elements.
+Scanning is linear in the number of container elements. Numbers passed directly as arguments
+(``int`` and ``float``, NumPy's included, not ``bool``) are recorded by their log2 magnitude,
+because they often size the work (``monte_carlo_pi(n)``): the adaptive model learns
+``f(100)`` and ``f(10**7)`` apart.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -124,28 +128,67 @@ def signature_of(arrays: list[np.ndarray]) -> str:
     return ",".join(parts)
 
 
+_NUMBERS = (int, float, np.integer, np.floating)
+
+
+def magnitude(value: Any) -> int | None:
+    """``floor(log2(|value|))`` (0 below 2) of a number that may size work, else None (bools,
+    non-finite floats, anything not an int or float)."""
+    if not isinstance(value, _NUMBERS) or isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return max(abs(int(value)).bit_length() - 1, 0)
+    value = float(value)
+    if not math.isfinite(value):
+        return None
+    return max(math.frexp(abs(value))[1] - 1, 0)
+
+
 @dataclass
 class ArgumentFacts:
-    """What the cost model needs to know about one call's arguments (slow path only)."""
+    """What the cost model needs to know about one call's arguments (slow path only):
+    ``scalars`` holds (parameter name, log2 magnitude) of each number passed directly."""
 
     host_bytes: int = 0
     host_arrays: list[np.ndarray] = field(default_factory=list)
     device_ordinals: list[int] = field(default_factory=list)
+    scalars: list[tuple[str, int]] = field(default_factory=list)
 
     @cached_property
     def signature(self) -> str:
-        """:func:`signature_of` the host arrays (computed once: the adaptive model reads it
-        when deciding and again when learning)."""
-        return signature_of(self.host_arrays)
+        """:func:`signature_of` the host arrays, then ``;name~2^k`` parts for the scalars
+        (computed once: the adaptive model reads it when deciding and again when learning)."""
+        arrays = signature_of(self.host_arrays)
+        if not self.scalars:
+            return arrays
+        return arrays + ";" + ",".join(f"{name}~2^{bits}" for name, bits in self.scalars)
 
 
-def scan(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type) -> ArgumentFacts:
-    """Collect host arrays (with their bytes) and the devices of device arrays, in one pass."""
+def scan(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type,
+         names: tuple[str, ...] = ()) -> ArgumentFacts:
+    """Collect host arrays (with their bytes), the devices of device arrays and the numbers
+    passed directly (named by ``names``, the positional parameters' names, else by position),
+    in one pass."""
     facts = ArgumentFacts()
-    _collect(args, device_type, CONTAINER_DEPTH + 1, facts)
-    if kwargs:
-        _collect(kwargs, device_type, CONTAINER_DEPTH + 1, facts)
+    for position, value in enumerate(args):
+        if not _scalar(facts, names[position] if position < len(names) else f"arg{position}",
+                       value):
+            _collect(value, device_type, CONTAINER_DEPTH, facts)
+    for name, value in kwargs.items():
+        if not _scalar(facts, name, value):
+            _collect(value, device_type, CONTAINER_DEPTH, facts)
     return facts
+
+
+def _scalar(facts: ArgumentFacts, name: str, value: Any) -> bool:
+    """Record ``value`` as a scalar argument if it is a number; whether it was."""
+    if type(value) is np.ndarray:
+        return False
+    bits = magnitude(value)
+    if bits is None:
+        return False
+    facts.scalars.append((name, bits))
+    return True
 
 
 def _collect(value: Any, device_type: type, depth: int, facts: ArgumentFacts) -> None:

@@ -11,7 +11,10 @@ get the same template with ``*args, **kwargs``.
 
 Fast-path rules, read from the call site's plan (replaced, never mutated):
 - ``plan.always_cpu`` set: call the function, record that reason as the last decision;
-- else host-array bytes below ``plan.cutoff``: call the function, record the byte count;
+- else host-array bytes below ``plan.cutoff``: call the function, record the byte count; below
+  ``plan.watch`` too, time it, and hand a call of ``LIGHT_S`` or more to
+  ``site.heavy_call(args, kwargs, seconds)`` afterwards (two clock reads: the fast path must see
+  a function of an ``int`` that runs for seconds);
 - else, or under a ``veda.force`` block: ``site.slow_call(args, kwargs)`` decides and runs.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, Protocol
@@ -26,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from vedart import lifecycle
+from vedart.offload.adaptive import LIGHT_S
 from vedart.offload.arguments import host_bytes, value_bytes
 from vedart.telemetry import FunctionStats
 
@@ -48,6 +53,13 @@ def gpu_wrapper({parameters}):
                 if _vd_stats is not None:
                     _vd_next(_vd_stats.fast_cpu_calls)
                     _vd_stats.last = _vd_nbytes
+                if _vd_nbytes < _vd_plan.watch:
+                    _vd_started = _vd_clock()
+                    _vd_result = _vd_func({forward})
+                    _vd_seconds = _vd_clock() - _vd_started
+                    if _vd_seconds >= _vd_light:
+                        _vd_site.heavy_call({positional}, {keywords}, _vd_seconds)
+                    return _vd_result
                 return _vd_func({forward})
         else:
             if _vd_stats is not None:
@@ -73,6 +85,7 @@ class FastPlan(Protocol):
     runtime: Any
     always_cpu: str | None
     cutoff: int
+    watch: int
     stats: FunctionStats | None
     device_type: type
 
@@ -87,6 +100,9 @@ class CallSite(Protocol):
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Decide and run one call."""
+
+    def heavy_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float) -> None:
+        """A fast-path call took ``seconds`` (at least ``LIGHT_S``): learn from it."""
 
 
 class _DefaultName:
@@ -123,7 +139,8 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
         "_vd_site": site, "_vd_func": func, "_vd_lifecycle": lifecycle,
         "_vd_forced": forced_path, "_vd_next": next, "_vd_type": type,
         "_vd_ndarray": np.ndarray, "_vd_plain": _PLAIN_TYPES, "_vd_value_bytes": value_bytes,
-        "_vd_host_bytes": host_bytes, "_vd_empty": _EMPTY,
+        "_vd_host_bytes": host_bytes, "_vd_empty": _EMPTY, "_vd_clock": time.perf_counter,
+        "_vd_light": LIGHT_S,
     }
     rendered, count, forward, positional, keywords = [], [], [], [], []
     var_args = var_kwargs = None

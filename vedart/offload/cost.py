@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vedart.gpu.context import GPUContext
+from vedart.offload.adaptive import Choice
 from vedart.offload.arguments import ArgumentFacts
 from vedart.units import format_bytes
 
@@ -32,7 +33,9 @@ class Decision:
     """Where one call runs and why. ``refused`` marks a GPU that was asked for (forced, or a
     named device) but cannot be used, which ``fallback="raise"`` turns into an error;
     ``model`` is the cost model that chose ("static" or "adaptive"); ``free_bytes`` is the
-    chosen device's free memory as read for this decision (None when none was read)."""
+    chosen device's free memory as read for this decision (None when none was read);
+    ``timed``: whether the adaptive model learns from this call's time (it explores or
+    re-checks; a settled call is neither timed nor learned from)."""
 
     path: str
     reason: str
@@ -40,6 +43,7 @@ class Decision:
     refused: bool = False
     model: str = "static"
     free_bytes: int | None = None
+    timed: bool = True
 
 
 @dataclass(frozen=True)
@@ -63,11 +67,11 @@ def unsupported_reason(arrays: Sequence[np.ndarray]) -> str | None:
 
 def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, headroom: float,
            device: int | None, forcing: Forcing | None,
-           size_rule: Callable[[], tuple[str, str]] | None = None) -> Decision:
+           size_rule: Callable[[], Choice] | None = None) -> Decision:
     """The decision for one call (see the module docstring for the static rule).
 
     ``size_rule`` (the adaptive model) replaces "at least the threshold" for calls that reach
-    it: it returns (path, reason), and the memory check, with its NVML query, runs only when it
+    it: it returns a Choice (path, reason, timed), and the memory check, with its NVML query, runs only when it
     chose the GPU."""
     wants_gpu = forcing is not None and forcing.path == "gpu"
     forced_by = f"forced by {forcing.source}" if forcing is not None else ""
@@ -100,11 +104,11 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     if facts.host_bytes < threshold:
         return cpu(f"below threshold: {format_bytes(facts.host_bytes)} < {format_bytes(threshold)}")
     model = "static" if size_rule is None else "adaptive"
-    learned_reason = ""
+    learned_reason, timed = "", True
     if size_rule is not None:
-        path, learned_reason = size_rule()
+        path, learned_reason, timed = size_rule()
         if path == "cpu":
-            return Decision("cpu", learned_reason, model=model)
+            return Decision("cpu", learned_reason, model=model, timed=timed)
     chosen, free = _most_free(gpu, [device] if device is not None else ordinals)
     needed = headroom * facts.host_bytes
     if free < needed:
@@ -113,7 +117,7 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     reason = learned_reason or (f"{format_bytes(facts.host_bytes)} >= threshold "
                                 f"{format_bytes(threshold)}; device {chosen} has "
                                 f"{format_bytes(free)} free")
-    return Decision("gpu", reason, chosen, model=model, free_bytes=free)
+    return Decision("gpu", reason, chosen, model=model, free_bytes=free, timed=timed)
 
 
 def _most_free(gpu: GPUContext, ordinals: Sequence[int]) -> tuple[int, int]:

@@ -103,8 +103,13 @@ class _Plan:
     threshold: int = 0  # the size rule's threshold (static, or the adaptive model's floor)
     # Host bytes below which a call runs on the CPU without a decision: the threshold, raised
     # to the size under which the adaptive model has settled this function on the CPU; 0 when
-    # @gpu(force="gpu") sends every call to the decision.
+    # @gpu(force="gpu") sends every call to the decision, or when the function is heavy.
     cutoff: int = 0
+    # Host bytes below which such a call is timed, so that a heavy one (LIGHT_S or more) is
+    # seen: the adaptive floor while the model decides for this function, else 0.
+    watch: int = 0
+    # Whether a call below the floor was heavy: the model then decides every call.
+    heavy: bool = False
     stats: FunctionStats | None = None
     device_type: type = _NoDeviceArray
 
@@ -115,6 +120,18 @@ def _device_mapper() -> ModuleMapper:
         if _mapper is None:
             _mapper = ModuleMapper(DEVICE_PACKAGES)
         return _mapper
+
+
+def _positional_names(func: Callable[..., Any]) -> tuple[str, ...]:
+    """The names of ``func``'s positional parameters (reasons name scalar arguments by them),
+    or none where its signature cannot be read."""
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(parameter.name for parameter in parameters
+                 if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                       inspect.Parameter.POSITIONAL_OR_KEYWORD))
 
 
 def _qualified_name(func: Callable[..., Any]) -> str:
@@ -135,6 +152,7 @@ class _Offload:
         self._floor_revision = -1  # the model revision plan.cutoff was derived at
         self.plan = _Plan(runtime=_NEVER_CURRENT)
         self._clone: Callable[..., Any] | None = None
+        self.positional_names = _positional_names(func)
         self._signature: inspect.Signature | None = None
         if options.writes:
             self._signature = inspect.signature(func)
@@ -161,10 +179,12 @@ class _Offload:
             import cupy
 
             device_type = cupy.ndarray
+        watch = 0
         if self.options.threshold is not None:
             threshold = self.options.threshold
         elif runtime.cost_model is not None and config.sources["offload_threshold"] == "default":
             threshold = ADAPTIVE_FLOOR
+            watch = threshold if self.options.force is None else 0
         else:
             threshold = config.offload_threshold
         self.plan = _Plan(
@@ -172,6 +192,7 @@ class _Offload:
             always_cpu=always_cpu,
             threshold=threshold,
             cutoff=threshold if self.options.force is None else 0,
+            watch=watch,
             stats=runtime.telemetry.function(self.name, threshold) if runtime.telemetry.enabled
             else None,
             device_type=device_type,
@@ -180,21 +201,35 @@ class _Offload:
         return self.plan
 
     def _update_learned_floor(self, runtime: Runtime) -> None:
-        """Raise the plan's cutoff to the size under which the adaptive model has settled this
-        function on the CPU, so the fast path skips the model there."""
+        """Set the plan's cutoff from what the adaptive model learned: 0 once a call below the
+        floor was heavy (every call then reaches the model), else the floor; raised to the size
+        under which the model has settled this function on the CPU, so the fast path skips the
+        model there."""
         model = runtime.cost_model
         self._floor_revision = -1 if model is None else model.revision  # read before deriving
         if model is None or self.options.threshold is not None or self.options.force is not None:
             return
         plan = self.plan
-        cutoff = max(plan.threshold, model.cpu_ceiling(self.key))
-        if cutoff == plan.cutoff:
+        heavy = model.seen_below(self.key, plan.threshold)
+        cutoff = max(0 if heavy else plan.threshold, model.cpu_ceiling(self.key))
+        if cutoff == plan.cutoff and heavy == plan.heavy:
             return
-        self.plan = replace(plan, cutoff=cutoff)
+        self.plan = replace(plan, cutoff=cutoff, heavy=heavy)
         if plan.stats is not None:
             plan.stats.threshold, plan.stats.below_rule = (
                 (cutoff, "adaptive: cpu learned faster below") if cutoff > plan.threshold
                 else (plan.threshold, "below threshold"))
+
+    def heavy_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float) -> None:
+        """A fast-path call below the floor took ``seconds`` (at least ``LIGHT_S``) on the CPU:
+        teach the model that time, so this function's calls reach it from now on."""
+        runtime = self.plan.runtime
+        model = runtime.cost_model if runtime is not _NEVER_CURRENT else None
+        if model is None:
+            return
+        facts = scan(args, kwargs, self.plan.device_type, self.positional_names)
+        model.observe(self.key, facts.signature, facts.host_bytes, "cpu", seconds)
+        self._update_learned_floor(runtime)
 
     def current_plan(self) -> _Plan:
         """The plan for the current runtime (rebuilt after init or shutdown)."""
@@ -208,7 +243,8 @@ class _Offload:
         """The decision a call with these arguments would get now; nothing runs and nothing
         is counted (the adaptive model's re-check interval counts calls)."""
         plan = self.current_plan()
-        return self.decide(plan, scan(args, kwargs, plan.device_type), args, kwargs, peek=True)
+        return self.decide(plan, scan(args, kwargs, plan.device_type, self.positional_names),
+                           args, kwargs, peek=True)
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Decide one call the fast path did not settle, and run it."""
@@ -229,7 +265,7 @@ class _Offload:
         model = runtime.cost_model
         forcing = self.forcing()
         decision = decide(
-            facts, gpu=runtime.gpu, threshold=plan.threshold,
+            facts, gpu=runtime.gpu, threshold=0 if plan.heavy else plan.threshold,
             headroom=runtime.config.memory_headroom,
             device=self.options.device if self.options.device is not None or facts.device_ordinals
             else preferred_device.get(),
@@ -261,9 +297,10 @@ class _Offload:
 
     def learn(self, runtime: Runtime, decision: Decision, facts: ArgumentFacts,
                seconds: float) -> None:
-        """Feed the adaptive model the end-to-end time of a call it chose; the first GPU run of
-        each function (clone, kernel compilation) is warm-up and not learned from."""
-        if runtime.cost_model is None or decision.model != "adaptive":
+        """Feed the adaptive model the end-to-end time of a call it chose to time (exploring or
+        re-checking); the first GPU run of each function (clone, kernel compilation) is warm-up
+        and not learned from."""
+        if runtime.cost_model is None or decision.model != "adaptive" or not decision.timed:
             return
         if decision.path == "gpu" and not self._gpu_warm:
             self._gpu_warm = True
@@ -275,13 +312,14 @@ class _Offload:
 
     def run_on_cpu(self, plan: _Plan, path: str, reason: str, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
+        if plan.stats is None:
+            return self.func(*args, **kwargs)
         started = time.perf_counter()
         result = self.func(*args, **kwargs)
-        if plan.stats is not None:
-            assert plan.runtime is not None
-            plan.runtime.telemetry.record(CallRecord(
-                self.name, path, reason, seconds_compute=time.perf_counter() - started,
-                timestamp=time.time()))
+        assert plan.runtime is not None
+        plan.runtime.telemetry.record(CallRecord(
+            self.name, path, reason, seconds_compute=time.perf_counter() - started,
+            timestamp=time.time()))
         return result
 
     def _device_function(self) -> Callable[..., Any]:
@@ -385,7 +423,7 @@ class PlannedCall:
         self._plan = plan
         self.args = args
         self.kwargs = kwargs
-        self.facts = scan(args, kwargs, plan.device_type)
+        self.facts = scan(args, kwargs, plan.device_type, offload.positional_names)
         self.decision = offload.decide(plan, self.facts, args, kwargs)
         self._inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = (args, kwargs)
         self._launch: _Launch | None = None
@@ -421,6 +459,9 @@ class PlannedCall:
             raise GPUUnavailableError(f"{self._offload.name}: {decision.reason} "
                                       "(fallback='raise')")
         if decision.path == "cpu":
+            if not (decision.timed and decision.model == "adaptive"):  # nothing to learn
+                return self._offload.run_on_cpu(self._plan, "cpu", decision.reason, self.args,
+                                                self.kwargs)
             started = time.perf_counter()
             result = self._offload.run_on_cpu(self._plan, "cpu", decision.reason, self.args,
                                                self.kwargs)

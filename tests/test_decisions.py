@@ -1,0 +1,158 @@
+"""Decisions that see the work: heavy calls with small arguments, scalar sizes, exploration
+budget, untimed settled calls, and a profile that starts a new runtime settled. The GPU's
+timings are injected through the model's interface (``observe``); the CPU's are real."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fakes import FakeProbe
+
+import vedart as veda
+from vedart.offload import decorator
+from vedart.offload.adaptive import (
+    ADAPTIVE_FLOOR,
+    EXPLORE_BUDGET,
+    EXPLORE_TRIES,
+    LIGHT_S,
+    AdaptiveModel,
+    function_key,
+)
+from vedart.offload.arguments import scan
+
+
+class NoDevice:
+    """No argument is one."""
+
+
+def sleepy_pi(n_samples: int) -> float:
+    """Stands in for monte_carlo_pi: an int argument, and CPU time well above LIGHT_S."""
+    time.sleep(2 * LIGHT_S)
+    return 3.14
+
+
+def light(n: int) -> int:
+    return n + 1
+
+
+def runtime_with_profile(tmp_path: Path, **options: Any) -> veda.Runtime:
+    builder = veda.Config.builder().profile_path(str(tmp_path / "profile.json"))
+    for name, value in options.items():
+        builder = getattr(builder, name)(value)
+    return veda.init(builder.build(), device_probe=FakeProbe())
+
+
+def key_of(function: Any) -> str:
+    return function_key(function, f"{function.__module__}.{function.__qualname__}")
+
+
+def teach_gpu(model: AdaptiveModel, key: str, signature: str, seconds: float) -> None:
+    for _ in range(EXPLORE_TRIES + 1):  # the first, a switch of path, is not learned
+        model.observe(key, signature, 0, "gpu", seconds)
+
+
+def test_scalar_arguments_size_the_bucket() -> None:
+    small = scan((100,), {}, NoDevice, ("n",))
+    large = scan((10**7,), {}, NoDevice, ("n",))
+    assert small.signature == ";n~2^6" and large.signature == ";n~2^23"
+    mixed = scan((np.ones(4, np.float32), 2.5), {"steps": np.int64(1000), "flag": True},
+                 NoDevice, ("x", "alpha"))
+    assert mixed.signature == "<f4:1;alpha~2^1,steps~2^9"  # bools do not size work
+    assert scan((float("nan"), 0.001), {}, NoDevice, ()).signature == ";arg1~2^0"
+
+
+def test_a_heavy_call_with_small_arguments_reaches_the_model_and_moves_to_the_gpu(
+        tmp_path: Path) -> None:
+    runtime = runtime_with_profile(tmp_path)
+    model = runtime.cost_model
+    assert model is not None
+    pi = veda.gpu(sleepy_pi)
+    assert pi.explain(20_000_000).reason == "below threshold: 0 B < 65.5 KB"
+    assert pi(20_000_000) == 3.14  # on the fast path, timed: heavy
+    key = key_of(sleepy_pi)
+    signature = ";n_samples~2^24"
+    # The model has the CPU's real time, and the GPU is next (predicted far faster).
+    assert model.choose(key, signature, 0, peek=True).path == "gpu"
+    assert pi.explain(20_000_000).reason == \
+        f"adaptive: exploring gpu for n_samples~2^24 (0 of {EXPLORE_TRIES} tries)"
+    teach_gpu(model, key, signature, 2e-5)
+    decision = pi.explain(20_000_000)
+    assert decision.path == "gpu" and decision.model == "adaptive"
+    assert decision.reason.startswith("adaptive: gpu 0.02 ms vs cpu ")
+    assert decision.reason.endswith(f" for n_samples~2^24 ({EXPLORE_TRIES + 1} samples)")
+    # Learned apart: a far smaller n has its own bucket, not yet explored.
+    assert "n_samples~2^6" in pi.explain(100).reason
+
+
+def test_a_light_function_never_explores(tmp_path: Path) -> None:
+    runtime = runtime_with_profile(tmp_path)
+    assert runtime.cost_model is not None
+    f = veda.gpu(light)
+    for n in (1, 10**3, 10**9):
+        for _ in range(50):
+            assert f(n) == n + 1
+    assert runtime.telemetry.recent() == []  # every call took the fast path
+    assert key_of(light) not in runtime.cost_model._data["functions"]
+
+
+def test_settled_calls_are_neither_timed_nor_learned(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = runtime_with_profile(tmp_path, telemetry=False)
+    model = runtime.cost_model
+    assert model is not None
+    pi = veda.gpu(sleepy_pi)
+    pi(20_000_000)  # heavy: the model decides its calls from now on
+    key, signature = key_of(sleepy_pi), ";n_samples~2^12"
+    for _ in range(EXPLORE_TRIES + 1):  # settle n~2^12 on the CPU (the GPU far slower)
+        model.observe(key, signature, 0, "cpu", 1e-3)
+    teach_gpu(model, key, signature, 1.0)
+    assert pi.explain(5000).timed is False and pi.explain(5000).path == "cpu"
+    clock_reads: list[None] = []
+    observed: list[tuple[Any, ...]] = []
+    real_clock = time.perf_counter
+    monkeypatch.setattr(decorator.time, "perf_counter",
+                        lambda: clock_reads.append(None) or real_clock())
+    monkeypatch.setattr(model, "observe", lambda *args: observed.append(args))
+    for _ in range(100):
+        assert pi(5000) == 3.14
+    assert observed == [] and clock_reads == []
+
+
+def test_exploring_a_slower_path_stays_within_the_budget() -> None:
+    model = AdaptiveModel()
+    times = {"cpu": 1e-3, "gpu": 1.3e-3}  # the gpu 30% slower: worth a try, not three
+
+    def call() -> bool:
+        path, _, timed = model.choose("f", "<f4:1", 16 * 2**20)
+        if timed:
+            model.observe("f", "<f4:1", 16 * 2**20, path, times[path])
+        return timed
+
+    while call():
+        pass
+    assert len(model._samples("f", "<f4:1", 24)["gpu"]) < EXPLORE_TRIES
+    ledger = model._ledgers["f"]
+    for _ in range(5000):  # re-checks included
+        call()
+        assert ledger.extra <= EXPLORE_BUDGET * ledger.total + max(times.values())
+    assert ledger.extra > 0
+
+
+def test_a_saved_profile_starts_a_new_runtime_settled(tmp_path: Path) -> None:
+    runtime = runtime_with_profile(tmp_path)
+    assert runtime.cost_model is not None
+    pi = veda.gpu(sleepy_pi)
+    pi(20_000_000)
+    teach_gpu(runtime.cost_model, key_of(sleepy_pi), ";n_samples~2^24", 2e-5)
+    veda.shutdown()  # saves the profile
+    runtime_with_profile(tmp_path)
+    decision = pi.explain(20_000_000)
+    assert decision.path == "gpu" and decision.timed is False
+    assert decision.reason.endswith(f"({EXPLORE_TRIES + 1} samples, from profile)")
+    # Its small calls reach the model at once: no first call runs on the fast path.
+    assert pi.explain(10).reason.startswith("adaptive: ")
+    assert pi.explain(10).reason != f"below threshold: 0 B < {ADAPTIVE_FLOOR}"
