@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU-side check in one call, for the lent GPU machine:
-#   installs carried wheels (.whl/, see ../shared/device/README.md) if present,
-#   records nvidia-smi and `vedart info`, runs `vedart demo` and `pytest -m gpu -v`, then the
-#   quick benchmarks, and the cold-start transfers (bench transfer --cold).
+# Every GPU-side check in one call, on a GPU machine:
+#   installs wheels from .whl/ if present (with --no-index: for a machine without network),
+#   records nvidia-smi and `vedart info`, runs `vedart demo` and `pytest -m gpu -v`, every
+#   script in examples/ at full size, then the quick benchmarks and the cold-start transfers
+#   (bench transfer --cold).
 # Logs and JSON go under $OUT (default ./gpu-check-out); with LOGS set to another folder they go
-# there and $OUT gets one archive of them, gpu-check.tar.gz (the lent machine's tool brings back
-# at most 8 files, and the check writes 20). Extra arguments go to pytest.
+# there and $OUT gets one archive of them, gpu-check.tar.gz (for a machine from which only a
+# few files can be copied back). Extra arguments go to pytest.
 # Exit status: non-zero if any step failed (every step still runs).
 set -u
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -28,6 +29,9 @@ step info python3 -m vedart info
 python3 -m vedart info --json > "$LOGS/info.json" 2>/dev/null
 step demo python3 -m vedart demo
 step pytest-gpu python3 -m pytest -m gpu -v -p no:cacheprovider --junitxml="$LOGS/pytest-gpu.xml" "$@"
+for example in examples/[!_]*.py; do
+  step "example-$(basename "$example" .py)" python3 "$example"
+done
 for bench in $(python3 -c "from vedart.cli import QUICK_BENCHMARKS as b; print(*b)" 2>/dev/null); do
   step "bench-$bench" python3 -m vedart bench "$bench" --quick --json "$LOGS/bench-$bench.json"
 done

@@ -6,13 +6,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import platform
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any
 
-from vedart._version import __version__
+from vedart._version import __version__, component_versions
 from vedart.config import FIELD_SPECS
 from vedart.errors import GPUUnavailableError, VedaError
 from vedart.lifecycle import get_runtime
@@ -21,31 +19,6 @@ from vedart.runtime import Runtime
 # bench suites: name -> module in vedart.bench with run(quick) -> dict and format_table(dict).
 BENCH_SUITES = ("ops", "overhead", "matmul", "transfer", "par_iter", "kernels", "dask")
 QUICK_BENCHMARKS = ("overhead", "matmul", "transfer", "par_iter", "kernels", "ops", "dask")  # tools/gpu-check.sh, --quick
-
-# Distribution names to try for each component; the first one installed is reported.
-COMPONENT_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
-    "numpy": ("numpy",),
-    "cupy": ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"),
-    "numba": ("numba",),
-    "numba-cuda": ("numba-cuda",),
-    "pynvml": ("nvidia-ml-py", "pynvml"),
-}
-
-
-def component_versions() -> dict[str, str | None]:
-    """Installed versions of vedart's dependencies, read from package metadata (nothing is
-    imported, so no CUDA state is created)."""
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for component, distributions in COMPONENT_DISTRIBUTIONS.items():
-        versions[component] = None
-        for distribution in distributions:
-            try:
-                versions[component] = metadata.version(distribution)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    return versions
-
 
 def _device_rows(runtime: Runtime) -> list[dict[str, Any]]:
     assert runtime.gpu is not None

@@ -9,6 +9,7 @@ from typing import TextIO
 
 from vedart import lifecycle
 from vedart._logging import apply_log_level, logger
+from vedart.backends.cuda import CUDABackend
 from vedart.config import Config
 from vedart.gpu.context import GPUContext
 from vedart.gpu.devices import DeviceProbe
@@ -36,7 +37,9 @@ class Runtime:
         apply_log_level(config.log_level)
         self.telemetry = Telemetry(enabled=config.telemetry)
         self.kernels: KernelRegistry = KERNELS
-        self.gpu: GPUContext | None = GPUContext(config, device_probe) if config.gpu else None
+        self.gpu: GPUContext | None = GPUContext(
+            config, device_probe, lambda ordinal: CUDABackend(device_id=ordinal)) \
+            if config.gpu else None
         self.cost_model: AdaptiveModel | None = None
         if config.cost_model == "adaptive":
             gpu_name = self.gpu.devices[0].name if self.gpu else None

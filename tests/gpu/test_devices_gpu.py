@@ -1,4 +1,4 @@
-"""Device layer against the real GPU (run on the lent machine: ``pytest -m gpu``)."""
+"""Device layer against the real GPU (on a GPU machine: ``pytest -m gpu``)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vedart._version import __version__
+from vedart._version import __version__, component_versions
 
 if TYPE_CHECKING:
     from vedart.runtime import Runtime
@@ -116,8 +116,6 @@ def _nothing() -> None:
 
 def environment(device_name: str | None) -> dict[str, Any]:
     """Where and when a benchmark ran: device, CPU, versions, date."""
-    from vedart.cli import component_versions
-
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": device_name or "no GPU",

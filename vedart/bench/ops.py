@@ -7,7 +7,7 @@ hand-written CuPy on the same input, one sample of each per round, the rounds go
 every order of the three (``harness.round_orders``) so neither GPU run follows the CPU run
 more often than the other; its regret is against the oracle of its own phase. Timing the
 baselines once, in an earlier phase, made the CPU look up to 40x faster than it was when the
-adaptive phase ran (docs/performance.md).
+adaptive phase ran (H100, 2026-11-22).
 
 Besides operations on arrays of growing size, a family of small-argument, heavy calls (a Monte
 Carlo estimate from an ``int``, all-pairs distances of a few thousand points, power iteration on

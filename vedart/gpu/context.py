@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from vedart import lifecycle
-from vedart.backends.cuda import CUDABackend
 from vedart.config import Config
 from vedart.errors import ConfigError, DeviceError, GPUUnavailableError
 from vedart.gpu.devices import CudaProbe, DeviceInfo, DeviceProbe, Discovery
 from vedart.gpu.memory import DeviceMemory
 from vedart.gpu.transfer import TransferEngine
+
+if TYPE_CHECKING:
+    from vedart.backends.cuda import CUDABackend
 
 MIB = 2**20
 
@@ -32,7 +36,8 @@ class GPUContext:
 
     backend = "cupy"
 
-    def __init__(self, config: Config, probe: DeviceProbe | None = None) -> None:
+    def __init__(self, config: Config, probe: DeviceProbe | None,
+                 backend_factory: Callable[[int], CUDABackend]) -> None:
         self._probe: DeviceProbe = CudaProbe() if probe is None else probe
         discovery = (Discovery((), lifecycle.FORKED_CHILD_REASON)
                      if lifecycle.cuda_unusable_here() else self._probe.discover())
@@ -46,6 +51,7 @@ class GPUContext:
         self.ordinals: tuple[int, ...] = tuple(self._by_ordinal)  # of ``devices``, in order
         self.transfers: TransferEngine | None = None
         self.memory: DeviceMemory | None = None
+        self._backend_factory = backend_factory  # CUDABackend: the device API is a layer up
         self._backends: dict[int, CUDABackend] = {}
         self._backends_lock = threading.Lock()
         self._free_readings: dict[int, tuple[int, float]] = {}  # ordinal -> (bytes, when)
@@ -92,7 +98,7 @@ class GPUContext:
         with self._backends_lock:
             backend = self._backends.get(info.ordinal)
             if backend is None:
-                backend = self._backends[info.ordinal] = CUDABackend(device_id=info.ordinal)
+                backend = self._backends[info.ordinal] = self._backend_factory(info.ordinal)
             return backend
 
     def free_memory(self, ordinal: int) -> int:

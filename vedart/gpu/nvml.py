@@ -2,7 +2,7 @@
 
 NVML numbers all physical GPUs while CUDA renumbers the ones ``CUDA_VISIBLE_DEVICES``
 leaves visible, so NVML handles are found by PCI bus id, never by index. An NVML free-memory
-query costs about 7 us on the lent H100 against 125 us for ``cudaMemGetInfo``, which is why
+query costs about 7 us on an H100 80GB HBM3 (2026-11-22) against 125 us for ``cudaMemGetInfo``, which is why
 the cost model asks NVML.
 """
 

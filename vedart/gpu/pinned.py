@@ -124,7 +124,7 @@ _RETURNING_TYPES: dict[int, type] = {}  # block size -> its _returning_bytes typ
 
 
 def _returning_bytes(size: int) -> type:
-    """A ``ctypes.c_char * size`` type whose instances, once collected, give back the block in
+    """A ``ctypes.c_char * size`` type whose objects, once collected, give back the block in
     their ``returns_to`` (pool, block): an array's last view going returns the memory. Cheaper
     than a ``weakref.finalize`` per array (2.7 against 3.8 us to hand out and return one on the
     development machine, 2026-11-23). One type per block size class, made on first use."""

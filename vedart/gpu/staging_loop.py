@@ -11,11 +11,11 @@ it. Pieces start at ``min_piece`` and grow to ``piece`` (at most half of what wa
 before them), so the first copy to the device starts early.
 
 The crew's threads wait for work inside compiled code, each on a POSIX semaphore, and the
-calling thread wakes them from compiled code too. On the lent H100 (2026-11-23) workers handed
+calling thread wakes them from compiled code too. On an H100 80GB HBM3 (2026-11-23) workers handed
 their work as Python tasks entered the loop one interpreter-lock hand-over (about 33 us) after
 another, the last some 300 us into a 1.8 ms transfer of 64 MB, and the copies to the device
 went short of pieces meanwhile; woken together, a 64 MB transfer went from 0.60-0.72 to 0.76
-of the pinned peak in alternating processes (docs/performance.md).
+of the pinned peak in alternating processes.
 
 The crew is woken before the device memory it copies to exists (:meth:`Crew.start`): the
 calling thread then spends 100-250 us in Python allocating it and ordering the ring's stream
@@ -26,17 +26,17 @@ then sleeps on its semaphore, so a caller held up (by the interpreter lock, say)
 a dozen threads busy waiting for it.
 
 Arrays below ``Tuning.nontemporal_below`` (256 MiB) are copied into the slots with
-non-temporal stores (:func:`copy_piece`), larger ones with ``memcpy``. On the lent H100
+non-temporal stores (:func:`copy_piece`), larger ones with ``memcpy``. On an H100 80GB HBM3
 (2026-11-23), non-temporal stores lifted the copy alone from 36 to 49 GB/s (8 threads, 64 MB)
 and a whole 64 MB transfer from 0.54-0.56 to 0.65-0.67 of the pinned peak, but from 512 MB
 they lost 10-20% against ``memcpy``. Pieces used to shrink again towards the end so that the
 workers finish together; that made many small copies to the device, each with its own fixed
-cost, and dropping it gave 0.72-0.74 at 64 MB (docs/performance.md).
+cost, and dropping it gave 0.72-0.74 at 64 MB.
 
-Why compiled: on the lent H100 (2026-11-23) the same scheme with the per-piece steps in Python
+Why compiled: on an H100 80GB HBM3 (2026-11-23) the same scheme with the per-piece steps in Python
 reached 14-19 GB/s, and the engine before this one, whose staging threads filled chunks that
 the calling thread sent, 22-25 GB/s at 64 MB; this loop reached 29-32 GB/s on the same
-instance. Python's per-piece work runs under the one interpreter lock, so it serialises the
+machine. Python's per-piece work runs under the one interpreter lock, so it serialises the
 workers; here the only Python is one call per transfer.
 
 The C functions (``memcpy``, four CUDA driver calls, ``sem_wait`` and ``sem_post``) are called
@@ -413,12 +413,12 @@ def _post_woken(board: np.ndarray, semaphores: np.ndarray,
 
 
 @numba.njit(nogil=True, cache=True)
-def crew_wake(board: np.ndarray, helpers: int, semaphores: np.ndarray,
+def crew_wake(board: np.ndarray, members: int, semaphores: np.ndarray,
               calls: np.ndarray) -> None:  # pragma: no cover - compiled; tested through Crew
-    """Wake crew members 1..``helpers`` to take their shares of the transfer on ``board``, and
+    """Wake crew members 1..``members`` to take their shares of the transfer on ``board``, and
     note on it that they were woken (one compiled call, so no Python exception can come
     between the two)."""
-    board[WOKEN] = helpers
+    board[WOKEN] = members
     _post_woken(board, semaphores, calls)
 
 
@@ -427,12 +427,12 @@ def _join(board: np.ndarray, semaphores: np.ndarray,
           calls: np.ndarray) -> int:  # pragma: no cover - compiled
     """Wait until the members the transfer woke are done and note that none is under way; 0,
     or the first failing status on the board (the caller's, worker 0, included)."""
-    helpers = board[WOKEN]
+    members = board[WOKEN]
     done = semaphore_address(semaphores, 0)
-    for _ in range(helpers):
+    for _ in range(members):
         _wait(calls, done)
     board[WOKEN] = NONE_WOKEN
-    for worker in range(helpers + 1):
+    for worker in range(members + 1):
         if board[STATUSES + worker] != 0:
             return board[STATUSES + worker]
     return 0

@@ -1,6 +1,6 @@
 """Host <-> device transfers: the one code path every part of vedart moves arrays through.
 
-Measured on the lent H100 (2026-11-22): ``cupy.asarray`` from pageable memory runs at 6-9 GB/s
+Measured on an H100 80GB HBM3 (2026-11-22): ``cupy.asarray`` from pageable memory runs at 6-9 GB/s
 and ``.get()`` at 3-11 GB/s, while pinned memory reaches 54 GB/s both ways. So:
 
 - host -> device: arrays of at least ``Tuning.pool_from`` bytes go through a staging ring:
@@ -64,9 +64,9 @@ def default_workers() -> int:
 
 @dataclass(frozen=True)
 class Tuning:
-    """Transfer parameters, chosen on the lent H100 (2026-11-23, evening: pieces growing from
-    128 KiB to 1 MiB, 2 slots per worker and 12 workers; docs/performance.md records the
-    measurements)."""
+    """Transfer parameters, chosen on an H100 80GB HBM3 (2026-11-23: pieces growing from
+    128 KiB to 1 MiB, 2 slots per worker and 12 workers; the measurements are in the git
+    history of docs/performance.md)."""
 
     stage_from: int = 1 * MIB          # stage() copies arrays ahead from this size
     pinned_result_from: int = 64 * 1024  # device -> host: from this size results are pinned
@@ -160,7 +160,7 @@ class StagingRing:
 
 class LoopLoader:
     """Loads the compiled staging loop (:mod:`vedart.gpu.staging_loop`) on a background thread,
-    so that no transfer waits for it: on the lent H100 (2026-11-23) importing Numba and reading
+    so that no transfer waits for it: on an H100 80GB HBM3 (2026-11-23) importing Numba and reading
     the loop from its cache took 0.84 s, and compiling it 2.2 s, against 2.5 ms for the 64 MB
     copy it serves. A runtime with a GPU starts the loading when it is created
     (:class:`vedart.gpu.context.GPUContext`); otherwise the first array that would be staged

@@ -67,7 +67,7 @@ def value_bytes(value: Any, device_type: type, depth: int = CONTAINER_DEPTH) -> 
 
 
 def iter_arrays(value: Any, array_type: type, depth: int) -> Iterator[Any]:
-    """Every instance of ``array_type`` in ``value``, opening at most ``depth`` container levels
+    """Every ``array_type`` object in ``value``, opening at most ``depth`` container levels
     (pass ``CONTAINER_DEPTH + 1`` for the args tuple or kwargs dict, which are a level too)."""
     if isinstance(value, array_type):
         yield value

@@ -2,7 +2,7 @@
 
 The fast path (a call that stays on the CPU without a decision) must cost well under a
 microsecond. A ``*args, **kwargs`` wrapper spends most of that packing the arguments, looping
-over them and calling a helper to count their bytes, so for a plain Python function the wrapper
+over them and calling a function to count their bytes, so for a plain Python function the wrapper
 is generated from a template with the function's parameter list: each named parameter's bytes
 are counted inline and the call is forwarded with the same binding (the parameter defaults are
 the function's own default objects, passed on explicitly). Other callables (partials, bound

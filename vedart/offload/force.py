@@ -38,7 +38,7 @@ def force(path: str) -> Iterator[None]:
 class prefer_device:  # noqa: N801 (a context manager used like a function, as ``force``)
     """Within the block, GPU decisions of @gpu functions without ``device=`` and without CuPy
     arguments use device ``ordinal`` (its free memory is still checked). A class, not a
-    generator: gpu_map enters it three times per item. One instance is entered once at a time
+    generator: gpu_map enters it three times per item. One object is entered once at a time
     (``with prefer_device(d):`` makes a new one each time)."""
 
     __slots__ = ("_ordinal", "_token")

@@ -11,7 +11,7 @@ threads running NumPy code are unaffected.
 
 Rules a user can rely on:
 - Only the decorated function's own code (and functions and lambdas defined inside it) sees the
-  substituted names; helpers it calls run on CuPy arrays through dispatch alone.
+  substituted names; functions it calls run on CuPy arrays through dispatch alone.
 - A name whose device twin lacks an attribute falls back to the NumPy attribute (then dispatch,
   or a GPU failure that re-runs the call on the CPU).
 - A function that assigns or deletes module globals (``global x; x = ...``) is not cloned; it

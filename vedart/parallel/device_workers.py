@@ -64,9 +64,16 @@ from vedart.errors import OffloadError, OffloadWarning
 from vedart.parallel.byte_ring import ByteRing, aligned
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from vedart.config import Config
+    from vedart.parallel.batch import Batch
     from vedart.runtime import Runtime
     from vedart.telemetry import Telemetry
+
+    # A worker's gpu_map over its items, as batches (device_worker_main gives par_iter's).
+    GpuMapBatches = Callable[[Iterator[Any], Callable[[Any], Any]],
+                             AbstractContextManager[Iterator[Batch]]]
 
 logger = logging.getLogger("vedart")
 
@@ -181,7 +188,7 @@ def _drain_into(conn: Connection, inbox: queue.SimpleQueue[Any],
         inbox.put(None)
 
 
-def worker_main(handle: int) -> None:
+def worker_main(handle: int, gpu_map_batches: GpuMapBatches) -> None:
     """A worker process's life (``python -c`` with the socket's file descriptor ``handle``):
     the start message, the device it names only (``CUDA_VISIBLE_DEVICES``, before CUDA is
     loaded), a runtime from its config, then the protocol of the module docstring until the
@@ -221,7 +228,7 @@ def worker_main(handle: int) -> None:
                 cancelled.clear()
             elif message[0] == "item" and function is not None:
                 if not _run_segment(conn, inbox, cancelled, function, ring.buf, runtime,
-                                    message):
+                                    gpu_map_batches, message):
                     break
     except OSError:  # the parent went away
         pass
@@ -243,13 +250,11 @@ def _address(view: memoryview) -> int:
 
 def _run_segment(conn: Connection, inbox: queue.SimpleQueue[Any], cancelled: threading.Event,
                  function: Callable[[Any], Any], ring: memoryview, runtime: Runtime,
-                 first: tuple[Any, ...]) -> bool:
+                 gpu_map_batches: GpuMapBatches, first: tuple[Any, ...]) -> bool:
     """One gpu_map over the items from ``first`` up to the next flush or cancel, sending each
     result. A cancel stops it as a closed pipeline stops (queued items are not run; running
     ones finish) and answers every item it did not run as cancelled, so the parent's ring
     spans come back. False when the parent went away instead."""
-    from vedart.parallel.par_iter import par_iter
-
     seqs: deque[int] = deque()
     last: list[tuple[Any, ...] | None] = []  # the message that ended the items
 
@@ -269,8 +274,7 @@ def _run_segment(conn: Connection, inbox: queue.SimpleQueue[Any], cancelled: thr
         last.append(message)
 
     placed = PlacementFeed(runtime.telemetry)
-    # One item per read: a larger chunk would wait for items the parent has not sent.
-    with par_iter(items(), chunk_size=1).gpu_map(function)._batches() as batches:
+    with gpu_map_batches(items(), function) as batches:
         for batch in batches:
             for position, (value, origin) in enumerate(zip(batch.items, batch.origins)):
                 failure = batch.failures.get(position)
@@ -395,8 +399,8 @@ class DeviceWorker:
         self._process: subprocess.Popen[bytes] | None = None
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-c", "from vedart.parallel.device_workers import "
-                 f"worker_main; worker_main({theirs.fileno()})"],
+                [sys.executable, "-c", "from vedart.parallel.device_worker_main import "
+                 f"main; main({theirs.fileno()})"],
                 pass_fds=(theirs.fileno(),), env=_worker_environment(),
                 start_new_session=True)  # a Ctrl-C in the terminal is the parent's to handle
             self._conn.send(("start", visible_device(ordinal), config, self._memory.name))
