@@ -43,7 +43,8 @@ SECTIONS: list[tuple[str, list[tuple[str, Any]]]] = [
                                      ("vedart.backends.get_backend", get_backend)]),
     ("Errors and warnings", [(name, getattr(vedart, name)) for name in (
         "VedaError", "ConfigError", "DeviceError", "GPUUnavailableError", "KernelLaunchError",
-        "OffloadError", "OffloadWarning", "ParIterError", "SimulatorWarning")]),
+        "OffloadError", "OffloadWarning", "ParIterError", "SchedulerUnavailableError",
+        "SimulatorWarning")]),
 ]
 
 _ROLE = re.compile(r":(?:class|func|meth|mod|attr|exc):`~?(?:[\w.]+\.)?([\w]+)`")
