@@ -351,12 +351,16 @@ def test_a_hybrid_item_must_finish_before_the_lane_would_finish_it() -> None:
     assert not rating.take(MB, in_flight=16)  # no CPU time of this size yet
     rating.observe_cpu(64 * MB, 0.0001, hybrid=False)  # another size's says nothing
     assert not rating.take(MB, in_flight=16)
-    rating.observe_cpu(MB, 0.010, hybrid=False)
-    assert not rating.take(MB, in_flight=8)  # 10 ms on the CPU; 9 ms in the lane
-    assert rating.take(MB, in_flight=10)  # 11 ms in the lane: one worker takes it
-    assert not rating.take(MB, in_flight=10)  # a second would share the CPU: 20 ms
-    rating.observe_cpu(MB, 0.010, hybrid=True)
-    assert rating.take(MB, in_flight=10)
+    rating.observe_cpu(MB, 0.003, hybrid=False)
+    # 3 ms on the CPU against 1 ms per lane item: the lane's items overlap on the device, so
+    # however many are in flight, the item waits for at most HYBRID_AHEAD of them.
+    assert not rating.take(MB, in_flight=16)
+    rating.observe_cpu(MB, 0.0001, hybrid=False)  # now 1.55 ms per item on the CPU
+    assert not rating.take(MB, in_flight=0)  # 1 ms in the lane
+    assert rating.take(MB, in_flight=1)  # 2 ms: one worker takes it
+    assert not rating.take(MB, in_flight=16)  # a second would share the CPU: 3.1 ms
+    rating.observe_cpu(MB, 0.00155, hybrid=True)
+    assert rating.take(MB, in_flight=16)
 
 
 def test_items_whose_inputs_are_on_the_device_never_go_to_idle_cpu_workers() -> None:

@@ -409,8 +409,9 @@ class AdaptiveModel:
                              for name, samples in self._data["functions"].get(key, {}).items()
                              if samples["cpu"] or samples["gpu"])
             for bucket, signature in buckets:
-                (path, *_), settled = self._bucket_choice(
-                    self._bucket((key, signature, bucket)), key, signature, 2**bucket)
+                (path, *_), settled = self._bucket_choice(  # bucket 0 holds 0 and 1 byte
+                    self._bucket((key, signature, bucket)), key, signature,
+                    2**bucket if bucket else 0)
                 if path != "cpu" or not settled:
                     break
                 ceiling = 2 ** (bucket + 1)

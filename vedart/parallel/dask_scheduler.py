@@ -64,6 +64,8 @@ def embedded_cluster(config: Config, gpus: int) -> Any:
     workers = {} if config.dask_workers is None else {"n_workers": config.dask_workers}
     if kind == "cuda":
         dask_cuda = require("dask_cuda")
+        if gpus and workers:  # one worker per GPU: dask_workers can only ask for fewer
+            workers["n_workers"] = min(workers["n_workers"], gpus)
         if config.devices is not None:  # ordinals as this process numbers them
             workers["CUDA_VISIBLE_DEVICES"] = [visible_device(ordinal)
                                                for ordinal in config.devices]
