@@ -353,13 +353,17 @@ def test_a_hybrid_item_must_finish_before_the_lane_would_finish_it() -> None:
     assert not rating.take(MB, in_flight=16)
     rating.observe_cpu(MB, 0.003, hybrid=False)
     # 3 ms on the CPU against 1 ms per lane item: the lane's items overlap on the device, so
-    # however many are in flight, the item waits for at most HYBRID_AHEAD of them.
+    # however many are in flight, the CPU must beat one item's lane time.
     assert not rating.take(MB, in_flight=16)
-    rating.observe_cpu(MB, 0.0001, hybrid=False)  # now 1.55 ms per item on the CPU
-    assert not rating.take(MB, in_flight=0)  # 1 ms in the lane
-    assert rating.take(MB, in_flight=1)  # 2 ms: one worker takes it
-    assert not rating.take(MB, in_flight=16)  # a second would share the CPU: 3.1 ms
-    rating.observe_cpu(MB, 0.00155, hybrid=True)
+    rating.observe_cpu(MB, 0.0001, hybrid=False)
+    rating.observe_cpu(MB, 0.0001, hybrid=False)  # now about 1.07 ms per item on the CPU
+    assert not rating.take(MB, in_flight=16)
+    for _ in range(7):
+        rating.observe_cpu(MB, 0.0001, hybrid=False)  # 0.39 ms per item
+    assert rating.take(MB, in_flight=0)  # one worker takes it
+    assert rating.take(MB, in_flight=16)  # a second shares the CPU: 0.78 ms, still faster
+    assert not rating.take(MB, in_flight=16)  # a third: 1.17 ms
+    rating.observe_cpu(MB, 0.0001, hybrid=True)
     assert rating.take(MB, in_flight=16)
 
 

@@ -93,9 +93,12 @@ def test_a_heavy_function_of_an_int_learns_to_run_on_the_gpu(adaptive_runtime: v
     decision = monte_carlo_pi.explain(10**7)
     assert decision.path == "gpu" and decision.model == "adaptive", decision
     assert "for n_samples~2^23" in decision.reason and "vs cpu" in decision.reason
-    estimate = monte_carlo_pi(10**7)
-    assert isinstance(estimate, np.float64) and abs(estimate - np.pi) < 1e-3
-    assert all(abs(value - np.pi) < 1e-3 for value in estimates)
+    # One estimate's standard error at 10**7 samples is 5.2e-4: the mean of five settled GPU
+    # draws is held to 1e-3 (4 standard errors), each draw to 3e-3.
+    settled = [monte_carlo_pi(10**7) for _ in range(5)]
+    assert all(isinstance(value, np.float64) for value in settled)
+    assert abs(np.mean(settled) - np.pi) < 1e-3
+    assert all(abs(value - np.pi) < 3e-3 for value in estimates + settled)
     stats = adaptive_runtime.telemetry.function(
         f"{__name__}.{monte_carlo_pi.__qualname__}").as_dict()
     assert stats["gpu_calls"] >= EXPLORE_TRIES and stats["fallback_calls"] == 0

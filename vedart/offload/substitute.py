@@ -146,7 +146,7 @@ _MISSING = object()
 # any device work.
 _NUMPY_REJECTS: dict[str, dict[str, str]] = {
     "numpy": {"round": "?", "around": "?", "percentile": "?", "quantile": "?",
-              "nanpercentile": "?", "nanquantile": "?"},
+              "nanpercentile": "?", "nanquantile": "?", "sign": "?"},
     "numpy.linalg": dict.fromkeys(("cholesky", "det", "eig", "eigh", "eigvals", "eigvalsh", "inv",
                                    "lstsq", "pinv", "qr", "slogdet", "solve", "svd",
                                    "tensorinv", "tensorsolve"), "e"),

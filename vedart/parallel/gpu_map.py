@@ -115,9 +115,6 @@ class _SizeTimes:
     hybrid_running: int = 0
 
 
-HYBRID_AHEAD = 2  # lane items an idle CPU worker's item is taken to wait for, at most
-
-
 class HybridRating:
     """Whether an idle CPU worker should take an item the cost model sends to a full device,
     from this stage's own measurements per size (log2 bucket of the item's host bytes):
@@ -129,13 +126,13 @@ class HybridRating:
       of another delays it by about that much.
 
     An item is taken only when both are measured for its size and the CPU finishes it before
-    the lane would: ``cpu x (hybrid items of its size running + 1) < lane x min(items in
-    flight on its device + 1, HYBRID_AHEAD)``, counting the hybrid items already sharing the
-    CPU. The lane's items overlap on the device (its copies and kernels run while the lane
-    thread works on the next item), so more items in flight do not make an item wait their
-    whole lane time each: on the H100 (2026-11-24), 1000x1000 float32 matmul items took
-    about 3 ms on a CPU worker and 0.4 ms of lane time, and with 16 in flight an uncapped
-    count sent 5 of 32 items to CPU workers, which finished after the lanes. An item of a size never run on the CPU in this stage is
+    the lane would: ``cpu x (hybrid items of its size running + 1) < lane``, the lane's time
+    per item, counting the hybrid items already sharing the CPU. The lane's items overlap on
+    the device (its copies and kernels run while the lane thread works on the next item), so
+    the items in flight ahead do not make an item wait their whole lane time each: on the
+    H100 (2026-11-24), 1000x1000 float32 matmul items took about 3 ms on a CPU worker and
+    0.4 ms of lane time; counting the 16 in flight sent 5 of 32 items to CPU workers, and
+    counting two still sent one, each finishing after the lanes. An item of a size never run on the CPU in this stage is
     never taken: a CPU time measured at another size says little about it (a matmul's grows
     faster than its bytes), and a GPU-friendly function then never pays for finding out.
     """
@@ -178,7 +175,7 @@ class HybridRating:
                 return False
             cpu = times.cpu_seconds / times.cpu_items
             lane = times.lane_seconds / times.lane_items
-            if cpu * (times.hybrid_running + 1) >= lane * min(in_flight + 1, HYBRID_AHEAD):
+            if cpu * (times.hybrid_running + 1) >= lane:
                 return False
             times.hybrid_running += 1
             return True
