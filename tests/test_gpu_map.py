@@ -30,7 +30,7 @@ from vedart.parallel.gpu_lanes import (
     Lane,
     current_lane,
 )
-from vedart.parallel.gpu_map import HybridRating
+from vedart.parallel.gpu_map import HYBRID_SAMPLES, HybridRating
 from vedart.parallel.par_iter import par_iter
 
 MB = 1_000_000
@@ -347,22 +347,24 @@ def test_idle_cpu_workers_never_take_items_of_a_size_not_yet_timed_on_the_cpu() 
 def test_a_hybrid_item_must_finish_before_the_lane_would_finish_it() -> None:
     rating = HybridRating()
     assert not rating.take(MB, in_flight=16)  # nothing measured
-    rating.observe_lane(MB, 0.001)
+    for _ in range(HYBRID_SAMPLES):
+        rating.observe_lane(MB, 0.001)
     assert not rating.take(MB, in_flight=16)  # no CPU time of this size yet
     rating.observe_cpu(64 * MB, 0.0001, hybrid=False)  # another size's says nothing
     assert not rating.take(MB, in_flight=16)
-    rating.observe_cpu(MB, 0.003, hybrid=False)
+    rating.observe_cpu(MB, 0.0001, hybrid=False)
+    assert not rating.take(MB, in_flight=16)  # one CPU item is no measure
+    rating.observe_cpu(MB, 0.0059, hybrid=False)
     # 3 ms on the CPU against 1 ms per lane item: the lane's items overlap on the device, so
     # however many are in flight, the CPU must beat one item's lane time.
     assert not rating.take(MB, in_flight=16)
-    rating.observe_cpu(MB, 0.0001, hybrid=False)
-    rating.observe_cpu(MB, 0.0001, hybrid=False)  # now about 1.07 ms per item on the CPU
+    rating.observe_cpu(MB, 0.0001, hybrid=False)  # now about 2.03 ms per item on the CPU
     assert not rating.take(MB, in_flight=16)
-    for _ in range(7):
-        rating.observe_cpu(MB, 0.0001, hybrid=False)  # 0.39 ms per item
+    for _ in range(12):
+        rating.observe_cpu(MB, 0.0001, hybrid=False)  # 0.47 ms per item
     assert rating.take(MB, in_flight=0)  # one worker takes it
-    assert rating.take(MB, in_flight=16)  # a second shares the CPU: 0.78 ms, still faster
-    assert not rating.take(MB, in_flight=16)  # a third: 1.17 ms
+    assert rating.take(MB, in_flight=16)  # a second shares the CPU: 0.94 ms, still faster
+    assert not rating.take(MB, in_flight=16)  # a third: 1.41 ms
     rating.observe_cpu(MB, 0.0001, hybrid=True)
     assert rating.take(MB, in_flight=16)
 

@@ -115,6 +115,9 @@ class _SizeTimes:
     hybrid_running: int = 0
 
 
+HYBRID_SAMPLES = 3  # items of a size timed on each side before a CPU worker may take one
+
+
 class HybridRating:
     """Whether an idle CPU worker should take an item the cost model sends to a full device,
     from this stage's own measurements per size (log2 bucket of the item's host bytes):
@@ -125,7 +128,9 @@ class HybridRating:
       each item of that size. The lane runs its items one after another, so every item ahead
       of another delays it by about that much.
 
-    An item is taken only when both are measured for its size and the CPU finishes it before
+    An item is taken only when both are measured for its size (``HYBRID_SAMPLES`` items each:
+    one CPU item, the model's first call of a size, is no measure of keeping up; on the H100
+    it sent one matmul item of 32 to a CPU worker) and the CPU finishes it before
     the lane would: ``cpu x (hybrid items of its size running + 1) < lane``, the lane's time
     per item, counting the hybrid items already sharing the CPU. The lane's items overlap on
     the device (its copies and kernels run while the lane thread works on the next item), so
@@ -171,7 +176,7 @@ class HybridRating:
         running until :meth:`observe_cpu` accounts it."""
         with self._lock:
             times = self._times(nbytes)
-            if not (times.cpu_items and times.lane_items):
+            if min(times.cpu_items, times.lane_items) < HYBRID_SAMPLES:
                 return False
             cpu = times.cpu_seconds / times.cpu_items
             lane = times.lane_seconds / times.lane_items
