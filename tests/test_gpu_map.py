@@ -319,15 +319,18 @@ def test_idle_cpu_workers_take_items_of_a_size_the_cpu_keeps_up_with() -> None:
     this stage, finishes one sooner than a full lane would."""
     runtime = fake_gpus(count=1, threads=2)
     wrapper = FakeOffload(costly_on_cpu(0.001), threshold=900_000, gpu_seconds=0.01)
-    # Items 0 and 1 are below the threshold, in the size bucket of the others (2^19-2^20).
-    mixed = [np.full(600_000 if i < 2 else MB, i, dtype=np.uint8) for i in range(60)]
+    # Items 0-2 are below the threshold, in the size bucket of the others (2^19-2^20): the
+    # HYBRID_SAMPLES CPU times a worker needs before it takes an item of that size.
+    below = HYBRID_SAMPLES
+    mixed = [np.full(600_000 if i < below else MB, i, dtype=np.uint8) for i in range(60)]
     assert par_iter(mixed).gpu_map(wrapper).collect() == [10 * i for i in range(60)]
     counts = placements(runtime)
-    assert counts[("cpu", None)] == 2 and counts[("gpu", 0)] >= 1
+    assert counts[("cpu", None)] == below and counts[("gpu", 0)] >= 1
     assert counts[("hybrid", None)] >= 1 and sum(counts.values()) == 60
     hybrid_items = {p.item for p in runtime.telemetry.placements() if p.path == "hybrid"}
     lane_items = {index for index, active, _, _, _ in wrapper.calls if active is not None}
-    assert hybrid_items.isdisjoint(lane_items) and hybrid_items | lane_items == set(range(2, 60))
+    assert hybrid_items.isdisjoint(lane_items) and hybrid_items | lane_items == set(
+        range(below, 60))
 
 
 def test_idle_cpu_workers_never_take_items_of_a_size_not_yet_timed_on_the_cpu() -> None:
