@@ -45,6 +45,11 @@ class Decision:
     free_bytes: int | None = None
     timed: bool = True
 
+    @property
+    def learned(self) -> bool:
+        """Whether the adaptive model learns from this call's time."""
+        return self.timed and self.model == "adaptive"
+
 
 @dataclass(frozen=True)
 class Forcing:

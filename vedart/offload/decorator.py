@@ -324,7 +324,7 @@ class _Offload:
         """Feed the adaptive model the end-to-end time of a call it chose to time (exploring or
         re-checking); the first GPU run of each function (clone, kernel compilation) is warm-up
         and not learned from."""
-        if runtime.cost_model is None or decision.model != "adaptive" or not decision.timed:
+        if runtime.cost_model is None or not decision.learned:
             return
         if decision.path == "gpu" and not self._gpu_warm:
             self._gpu_warm = True
@@ -502,14 +502,12 @@ class PlannedCall:
             raise GPUUnavailableError(f"{self._offload.name}: {decision.reason} "
                                       "(fallback='raise')")
         if decision.path == "cpu":
-            if not (decision.timed and decision.model == "adaptive"):  # nothing to learn
-                return self._offload.run_on_cpu(self._plan, "cpu", decision.reason, self.args,
-                                                self.kwargs)
-            started = time.perf_counter()
+            started = time.perf_counter() if decision.learned else 0.0  # settled: no clock
             result = self._offload.run_on_cpu(self._plan, "cpu", decision.reason, self.args,
                                                self.kwargs)
-            self._offload.learn(self._runtime, decision, self.facts,
-                                 time.perf_counter() - started)
+            if decision.learned:
+                self._offload.learn(self._runtime, decision, self.facts,
+                                     time.perf_counter() - started)
             return result
         self.launch()
         return self.land()
