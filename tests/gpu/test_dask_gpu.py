@@ -48,3 +48,31 @@ def test_gpu_map_on_a_local_cuda_cluster_equals_numpy_and_reports_the_gpu() -> N
     assert by_function["scaled_column_sums"]["gpu_calls"] == 1, rows
     assert all("(GPU 0: " in row["worker"] for row in rows), rows
     assert "(GPU 0: " in printed.getvalue()
+
+
+def test_gpu_map_on_a_two_worker_local_cuda_cluster_uses_both_gpus() -> None:
+    runtime = veda.init(veda.Config.builder().build())
+    if runtime.gpu is None or len(runtime.gpu.devices) < 2:
+        pytest.skip("needs 2 GPUs")
+    runtime = veda.init(veda.Config.builder().scheduler("dask").devices([0, 1])
+                        .cost_model("static").build())
+    assert runtime.dask is not None
+    workers = runtime.dask.describe()["workers"]
+    assert sorted(len(worker["gpus"]) for worker in workers) == [1, 1], workers
+
+    rng = np.random.default_rng(12)
+    matrices = [rng.random((1000, 1000), dtype=np.float32) for _ in range(64)]
+    results = veda.par_iter(matrices).gpu_map(process).collect()
+    assert len(results) == len(matrices)
+    for result, matrix in zip(results, matrices):
+        expected = process(matrix)
+        assert type(result) is np.ndarray and result.dtype == expected.dtype == np.float32
+        np.testing.assert_allclose(result, expected, rtol=RTOL_FLOAT32)
+
+    veda.report(file=io.StringIO())  # gathers the workers' telemetry
+    rows = runtime.telemetry.snapshot()["workers"]
+    gpu_calls = {row["worker"]: row["gpu_calls"] for row in rows}
+    assert sum(gpu_calls.values()) == len(matrices), rows
+    devices = sorted(worker.rsplit("(GPU ", 1)[1][0] for worker, calls in gpu_calls.items()
+                     if calls > 0)
+    assert devices == ["0", "1"], rows

@@ -8,12 +8,16 @@ interleaved rounds after a warm-up (each round installs its runtime untimed):
 - ``gpu_map`` over 64 float32 1000x1000 matrices, ``f(M) = (M @ M.T).sum(axis=0)``, on a
   one-GPU dask-cuda LocalCUDACluster: at most 1.5x the thread scheduler's time (the price of
   sending every matrix to another process). Results are checked against NumPy's first; the
-  row is skipped, with the reason, without a GPU or dask-cuda.
+  row is skipped, with the reason, without a GPU or dask-cuda;
+- with two GPUs, the same over 4x the matrices on a two-worker LocalCUDACluster against the
+  thread scheduler over both devices, the items each worker ran recorded (no target: the figure
+  the two-GPU validation asks for).
 Both runtimes use the static rule, so every matrix goes to the GPU on either scheduler.
 """
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +26,7 @@ from typing import Any
 
 import vedart as veda
 from vedart.bench.harness import interleaved_medians
-from vedart.bench.par_iter import MATRICES, SIZE, _assert_equal_to_numpy, _matrices, process
+from vedart.bench.par_iter import MATRICES, MULTI_GPU_FACTOR, SIZE, _assert_equal_to_numpy, _matrices, process
 from vedart.parallel.dask_scheduler import embedded_cluster, require
 from vedart.parallel.par_iter import par_iter
 
@@ -90,21 +94,28 @@ def _python_map(repeats: int, items: int, workers: int) -> dict[str, Any]:
             "speedup": seconds["threads"] / seconds["dask"]}
 
 
-def _gpu_unavailable() -> str | None:
+def _usable_gpus() -> tuple[int, str | None]:
+    """How many GPUs the default runtime sees, and why the GPU rows cannot run (None: they
+    can)."""
     runtime = veda.init(veda.Config.builder().build())
+    gpus = len(runtime.gpu.devices) if runtime.gpu else 0
     reason = None if runtime.gpu else \
         f"no GPU ({runtime.gpu.unavailable_reason if runtime.gpu is not None else 'disabled'})"
     veda.shutdown()
     if reason is None and find_spec("dask_cuda") is None:
         reason = "dask-cuda not installed (pip install 'vedart[dask-cuda]')"
-    return reason
+    return gpus, reason
 
 
-def _gpu_map(repeats: int, matrices: int) -> dict[str, Any]:
+def _gpu_map(repeats: int, matrices: int, devices: list[int]) -> dict[str, Any]:
+    """gpu_map over ``matrices`` on a LocalCUDACluster of one worker per device in
+    ``devices`` against the thread scheduler over the same devices."""
     mats = _matrices(matrices, SIZE, seed=42)
-    cluster = veda.Config.builder().scheduler("dask").dask_cluster("cuda").devices([0]).build()
-    with _client(cluster, gpus=1) as client:
-        configs = {"threads": veda.Config.builder().cost_model("static").devices([0]).build(),
+    cluster = veda.Config.builder().scheduler("dask").dask_cluster("cuda").devices(devices) \
+        .build()
+    with _client(cluster, gpus=len(devices)) as client:
+        configs = {"threads": veda.Config.builder().cost_model("static").devices(devices)
+                   .build(),
                    "dask": veda.Config.builder().cost_model("static").scheduler("dask")
                    .dask_client(client).build()}
         for config in configs.values():
@@ -114,12 +125,18 @@ def _gpu_map(repeats: int, matrices: int) -> dict[str, Any]:
             {name: lambda: par_iter(mats).gpu_map(process).collect() for name in configs},
             configs, repeats, warm=lambda: par_iter(mats[:WARM_MATRICES]).gpu_map(process)
             .collect())
-        device = veda.get_runtime().gpu
+        runtime = veda.get_runtime()
+        device = runtime.gpu
+        veda.report(file=io.StringIO())  # gathers the workers' telemetry
+        worker_gpu_calls: dict[str, int] = {}
+        for row in runtime.telemetry.snapshot()["workers"]:
+            worker_gpu_calls[row["worker"]] = worker_gpu_calls.get(row["worker"], 0) \
+                + row["gpu_calls"]
     veda.shutdown()
     return {"matrices": matrices, "shape": [SIZE, SIZE], "dtype": "float32",
-            "device_name": device.devices[0].name if device else None,
+            "gpus": len(devices), "device_name": device.devices[0].name if device else None,
             "threads_s": seconds["threads"], "dask_s": seconds["dask"],
-            "ratio": seconds["dask"] / seconds["threads"]}
+            "ratio": seconds["dask"] / seconds["threads"], "worker_gpu_calls": worker_gpu_calls}
 
 
 def run(quick: bool, items: int = PYTHON_ITEMS, workers: int = PYTHON_WORKERS,
@@ -127,12 +144,14 @@ def run(quick: bool, items: int = PYTHON_ITEMS, workers: int = PYTHON_WORKERS,
     repeats = 3 if quick else 7
     result: dict[str, Any] = {"suite": "dask", "targets": TARGETS, "samples": repeats,
                               "python_map": _python_map(repeats, items, workers)}
-    reason = _gpu_unavailable()
+    gpus, reason = _usable_gpus()
     if reason is not None:
         result.update(device_name=None, gpu_map=None, gpu_note=reason)
         return result
-    result["gpu_map"] = _gpu_map(repeats, matrices)
+    result["gpu_map"] = _gpu_map(repeats, matrices, [0])
     result["device_name"] = result["gpu_map"]["device_name"]
+    if gpus >= 2:
+        result["two_gpu_map"] = _gpu_map(repeats, matrices * MULTI_GPU_FACTOR, [0, 1])
     return result
 
 
@@ -149,9 +168,16 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"gpu_map on a LocalCUDACluster: skipped: {result['gpu_note']}")
         return "\n".join(lines)
     ratio_met = gpu["ratio"] <= TARGETS["gpu_map_max_ratio"]
-    lines.append(f"gpu_map over {gpu['matrices']} float32 {gpu['shape'][0]}x{gpu['shape'][1]} "
-                 f"(results equal NumPy's): threads {gpu['threads_s'] * 1e3:.1f} ms, one-GPU "
-                 f"LocalCUDACluster {gpu['dask_s'] * 1e3:.1f} ms, ratio {gpu['ratio']:.2f}x "
-                 f"(target <= {TARGETS['gpu_map_max_ratio']}) " + ("ok" if ratio_met
-                                                                   else "MISSED"))
+    lines.append(_gpu_line(gpu) + f" (target <= {TARGETS['gpu_map_max_ratio']}) "
+                 + ("ok" if ratio_met else "MISSED"))
+    two = result.get("two_gpu_map")
+    lines.append("two GPUs: n/a (one device)" if two is None
+                 else _gpu_line(two) + f"; GPU calls per worker: {two['worker_gpu_calls']}")
     return "\n".join(lines)
+
+
+def _gpu_line(row: dict[str, Any]) -> str:
+    gpus = "one-GPU" if row["gpus"] == 1 else f"{row['gpus']}-GPU"
+    return (f"gpu_map over {row['matrices']} float32 {row['shape'][0]}x{row['shape'][1]} "
+            f"(results equal NumPy's): threads {row['threads_s'] * 1e3:.1f} ms, {gpus} "
+            f"LocalCUDACluster {row['dask_s'] * 1e3:.1f} ms, ratio {row['ratio']:.2f}x")
