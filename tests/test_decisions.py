@@ -13,12 +13,16 @@ import pytest
 from fakes import FakeProbe
 
 import vedart as veda
-from vedart.offload import decorator
+from vedart.offload import call_wrapper, decorator
 from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
     EXPLORE_BUDGET,
     EXPLORE_TRIES,
+    HEAVY_AT_ONCE_S,
+    HEAVY_CONFIRM_CALLS,
     LIGHT_S,
+    TIMED_FIRST_CALLS,
+    TIMED_ONE_IN,
     AdaptiveModel,
     function_key,
 )
@@ -72,7 +76,9 @@ def test_a_heavy_call_with_small_arguments_reaches_the_model_and_moves_to_the_gp
     assert model is not None
     pi = veda.gpu(sleepy_pi)
     assert pi.explain(20_000_000).reason == "below threshold: 0 B < 65.5 KB"
-    assert pi(20_000_000) == 3.14  # on the fast path, timed: heavy
+    assert pi(20_000_000) == 3.14  # on the fast path, timed: heavy, or a stall
+    assert pi.explain(20_000_000).reason == "below threshold: 0 B < 65.5 KB"
+    assert pi(20_000_000) == 3.14  # heavy again: work, not a stall
     key = key_of(sleepy_pi)
     signature = ";n_samples~2^24"
     # The model has the CPU's real time, and the GPU is next (predicted far faster).
@@ -86,6 +92,71 @@ def test_a_heavy_call_with_small_arguments_reaches_the_model_and_moves_to_the_gp
     assert decision.reason.endswith(f" for n_samples~2^24 ({EXPLORE_TRIES + 1} samples)")
     # Learned apart: a far smaller n has its own bucket, not yet explored.
     assert "n_samples~2^6" in pi.explain(100).reason
+
+
+stalls: dict[int, float] = {}  # call number -> seconds that call waits
+calls_made: list[int] = [0]
+
+
+def stalls_at(n: int) -> int:
+    """A light function whose calls numbered in ``stalls`` are slow (a stall, not work)."""
+    wait = stalls.pop(calls_made[0], 0.0)
+    calls_made[0] += 1
+    if wait:
+        time.sleep(wait)
+    return n + 1
+
+
+def stalling(calls: dict[int, float]) -> Any:
+    stalls.clear()
+    stalls.update(calls)
+    calls_made[0] = 0
+    return veda.gpu(stalls_at)
+
+
+@pytest.mark.parametrize(("first_s", "heavy"), [(2 * LIGHT_S, False),
+                                                 (HEAVY_AT_ONCE_S * 1.5, True)])
+def test_one_slow_call_makes_a_function_heavy_only_when_it_is_long(
+        tmp_path: Path, first_s: float, heavy: bool) -> None:
+    runtime = runtime_with_profile(tmp_path)
+    assert runtime.cost_model is not None
+    f = stalling({0: first_s})
+    for _ in range(3 * HEAVY_CONFIRM_CALLS):
+        assert f(7) == 8
+    below = f.explain(7).reason == "below threshold: 0 B < 65.5 KB"
+    assert below is not heavy
+    assert (key_of(stalls_at) in runtime.cost_model._data["functions"]) is heavy
+
+
+def test_a_second_stall_makes_a_function_heavy_only_soon_after_the_first(
+        tmp_path: Path) -> None:
+    runtime_with_profile(tmp_path)
+    late = TIMED_FIRST_CALLS + 5 * TIMED_ONE_IN  # a timed call more than 64 after call 0
+    assert late > HEAVY_CONFIRM_CALLS
+    f = stalling({0: 2 * LIGHT_S, late: 2 * LIGHT_S, late + TIMED_ONE_IN: 2 * LIGHT_S})
+    for _ in range(late + 1):
+        f(1)
+    assert f.explain(1).reason == "below threshold: 0 B < 65.5 KB"
+    for _ in range(TIMED_ONE_IN):  # the next timed call stalls too, within the window
+        f(1)
+    assert f.explain(1).reason.startswith("adaptive: "), f.explain(1).reason
+
+
+@pytest.mark.parametrize("telemetry", [True, False])
+def test_the_fast_path_times_the_first_calls_then_one_in_a_few(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, telemetry: bool) -> None:
+    runtime_with_profile(tmp_path, telemetry=telemetry)
+    clock_reads: list[None] = []
+    real_clock = time.perf_counter
+    monkeypatch.setattr(call_wrapper.time, "perf_counter",
+                        lambda: clock_reads.append(None) or real_clock())
+    f = veda.gpu(light)
+    for _ in range(TIMED_FIRST_CALLS):  # calls of n + 1 never take LIGHT_S
+        f(3)
+    assert len(clock_reads) == 2 * TIMED_FIRST_CALLS
+    for _ in range(10 * TIMED_ONE_IN):
+        f(3)
+    assert len(clock_reads) == 2 * (TIMED_FIRST_CALLS + 10)
 
 
 def test_a_light_function_never_explores(tmp_path: Path) -> None:
@@ -105,7 +176,8 @@ def test_settled_calls_are_neither_timed_nor_learned(tmp_path: Path,
     model = runtime.cost_model
     assert model is not None
     pi = veda.gpu(sleepy_pi)
-    pi(20_000_000)  # heavy: the model decides its calls from now on
+    pi(20_000_000)
+    pi(20_000_000)  # heavy twice: the model decides its calls from now on
     key, signature = key_of(sleepy_pi), ";n_samples~2^12"
     for _ in range(EXPLORE_TRIES + 1):  # settle n~2^12 on the CPU (the GPU far slower)
         model.observe(key, signature, 0, "cpu", 1e-3)
@@ -147,6 +219,7 @@ def test_a_saved_profile_starts_a_new_runtime_settled(tmp_path: Path) -> None:
     assert runtime.cost_model is not None
     pi = veda.gpu(sleepy_pi)
     pi(20_000_000)
+    pi(20_000_000)  # heavy twice
     teach_gpu(runtime.cost_model, key_of(sleepy_pi), ";n_samples~2^24", 2e-5)
     veda.shutdown()  # saves the profile
     runtime_with_profile(tmp_path)

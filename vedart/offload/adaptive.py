@@ -67,6 +67,17 @@ ADAPTIVE_FLOOR = 64 * 1024  # default threshold under the adaptive model: below 
 # "heavy": its calls then reach the model. Well above a GPU launch plus a small transfer (about
 # 50 us on the H100), so a function this light on the CPU never pays for exploring the GPU.
 LIGHT_S = 200e-6
+# Fast-path calls timed: every one of a function's first TIMED_FIRST_CALLS, then one in
+# TIMED_ONE_IN (a power of two). Two clock reads on every call cost about as much as the rest of
+# the fast path together (H100, 2026-11-24: +0.79 us against 0.33-0.76 before them).
+TIMED_FIRST_CALLS = 64
+TIMED_ONE_IN = 16
+# A timed call between LIGHT_S and this may be a stall rather than work (waiting up to a few
+# 5 ms interpreter-lock switch intervals for a thread of the runtime's start-up, first-touch page
+# faults): it makes its function heavy only when another such call follows within
+# HEAVY_CONFIRM_CALLS fast-path calls. A call this long or longer counts at once.
+HEAVY_AT_ONCE_S = 0.02
+HEAVY_CONFIRM_CALLS = 64
 # Exploring a path predicted slower, and re-checking a slower path, may cost a function at most
 # this share of its total time so far beyond what the faster path would have cost.
 EXPLORE_BUDGET = 0.1

@@ -11,10 +11,12 @@ get the same template with ``*args, **kwargs``.
 
 Fast-path rules, read from the call site's plan (replaced, never mutated):
 - ``plan.always_cpu`` set: call the function, record that reason as the last decision;
-- else host-array bytes below ``plan.cutoff``: call the function, record the byte count; below
-  ``plan.watch`` too, time it, and hand a call of ``LIGHT_S`` or more to
-  ``site.heavy_call(args, kwargs, seconds)`` afterwards (two clock reads: the fast path must see
-  a function of an ``int`` that runs for seconds);
+- else host-array bytes below ``plan.cutoff``: call the function, count it on ``plan.ticks``,
+  record the byte count; below ``plan.watch`` too, time the function's first
+  ``TIMED_FIRST_CALLS`` such calls and one in ``TIMED_ONE_IN`` after them, and hand a timed
+  call of ``LIGHT_S`` or more to ``site.heavy_call(args, kwargs, seconds, call_index)``
+  afterwards (the fast path must see a function of an ``int`` that runs for seconds; two clock
+  reads on every call would double what the fast path adds);
 - else, or under a ``veda.force`` block: ``site.slow_call(args, kwargs)`` decides and runs.
 """
 
@@ -23,14 +25,14 @@ from __future__ import annotations
 import functools
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, Protocol
 
 import numpy as np
 
 from vedart import lifecycle
-from vedart.offload.adaptive import LIGHT_S
+from vedart.offload.adaptive import LIGHT_S, TIMED_FIRST_CALLS, TIMED_ONE_IN
 from vedart.offload.arguments import host_bytes, value_bytes
 from vedart.telemetry import FunctionStats
 
@@ -50,15 +52,16 @@ def gpu_wrapper({parameters}):
             _vd_nbytes = 0
 {count}
             if _vd_nbytes < _vd_plan.cutoff:
+                _vd_call = _vd_next(_vd_plan.ticks)
                 if _vd_stats is not None:
-                    _vd_next(_vd_stats.fast_cpu_calls)
                     _vd_stats.last = _vd_nbytes
-                if _vd_nbytes < _vd_plan.watch:
+                if _vd_nbytes < _vd_plan.watch and (_vd_call < _vd_timed_first
+                                                    or not _vd_call & _vd_sample_mask):
                     _vd_started = _vd_clock()
                     _vd_result = _vd_func({forward})
                     _vd_seconds = _vd_clock() - _vd_started
                     if _vd_seconds >= _vd_light:
-                        _vd_site.heavy_call({positional}, {keywords}, _vd_seconds)
+                        _vd_site.heavy_call({positional}, {keywords}, _vd_seconds, _vd_call)
                     return _vd_result
                 return _vd_func({forward})
         else:
@@ -86,6 +89,7 @@ class FastPlan(Protocol):
     always_cpu: str | None
     cutoff: int
     watch: int
+    ticks: Iterator[int]
     stats: FunctionStats | None
     device_type: type
 
@@ -101,8 +105,10 @@ class CallSite(Protocol):
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Decide and run one call."""
 
-    def heavy_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float) -> None:
-        """A fast-path call took ``seconds`` (at least ``LIGHT_S``): learn from it."""
+    def heavy_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float,
+                   call_index: int) -> None:
+        """Fast-path call number ``call_index`` took ``seconds`` (at least ``LIGHT_S``): learn
+        from it."""
 
 
 class _DefaultName:
@@ -140,7 +146,8 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
         "_vd_forced": forced_path, "_vd_next": next, "_vd_type": type,
         "_vd_ndarray": np.ndarray, "_vd_plain": _PLAIN_TYPES, "_vd_value_bytes": value_bytes,
         "_vd_host_bytes": host_bytes, "_vd_empty": _EMPTY, "_vd_clock": time.perf_counter,
-        "_vd_light": LIGHT_S,
+        "_vd_light": LIGHT_S, "_vd_timed_first": TIMED_FIRST_CALLS,
+        "_vd_sample_mask": TIMED_ONE_IN - 1,
     }
     rendered, count, forward, positional, keywords = [], [], [], [], []
     var_args = var_kwargs = None

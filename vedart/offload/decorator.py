@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
@@ -33,7 +34,12 @@ from vedart import lifecycle
 from vedart.config import FIELD_SPECS
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
 from vedart.gpu.transfer import Staged, TransferEngine, staging_loop_loading, to_host, upload
-from vedart.offload.adaptive import ADAPTIVE_FLOOR, function_key
+from vedart.offload.adaptive import (
+    ADAPTIVE_FLOOR,
+    HEAVY_AT_ONCE_S,
+    HEAVY_CONFIRM_CALLS,
+    function_key,
+)
 from vedart.offload.arguments import (
     CONTAINER_DEPTH,
     ArgumentFacts,
@@ -126,6 +132,8 @@ class _Plan:
     watch: int = 0
     # Whether a call below the floor was heavy: the model then decides every call.
     heavy: bool = False
+    # Counts fast-path calls: the function's telemetry counter, or one of its own without.
+    ticks: Iterator[int] = field(default_factory=itertools.count)
     stats: FunctionStats | None = None
     device_type: type = _NoDeviceArray
 
@@ -168,6 +176,7 @@ class _Offload:
         self._floor_revision = -1  # the model revision plan.cutoff was derived at
         self.plan = _Plan(runtime=_NEVER_CURRENT)
         self._clone: Callable[..., Any] | None = None
+        self._heavy_suspect: int | None = None  # the fast-path call a possible stall was seen at
         self.positional_names = _positional_names(func)
         # Argument signatures whose GPU attempt failed where the CPU re-run succeeded, with
         # the failure: their calls go to the CPU unless forced.
@@ -206,14 +215,16 @@ class _Offload:
             watch = threshold if self.options.force is None else 0
         else:
             threshold = config.offload_threshold
+        stats = runtime.telemetry.function(self.name, threshold) if runtime.telemetry.enabled \
+            else None
         self.plan = _Plan(
             runtime=runtime,
             always_cpu=always_cpu,
             threshold=threshold,
             cutoff=threshold if self.options.force is None else 0,
             watch=watch,
-            stats=runtime.telemetry.function(self.name, threshold) if runtime.telemetry.enabled
-            else None,
+            ticks=itertools.count() if stats is None else stats.fast_cpu_calls,
+            stats=stats,
             device_type=device_type,
         )
         self._update_learned_floor(runtime)
@@ -239,9 +250,16 @@ class _Offload:
                 (cutoff, "adaptive: cpu learned faster below") if cutoff > plan.threshold
                 else (plan.threshold, "below threshold"))
 
-    def heavy_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float) -> None:
-        """A fast-path call below the floor took ``seconds`` (at least ``LIGHT_S``) on the CPU:
-        teach the model that time, so this function's calls reach it from now on."""
+    def heavy_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float,
+                   call_index: int) -> None:
+        """Fast-path call number ``call_index``, below the floor, took ``seconds`` (at least
+        ``LIGHT_S``) on the CPU: teach the model that time, so this function's calls reach it
+        from now on; a call under ``HEAVY_AT_ONCE_S`` only when another came within
+        ``HEAVY_CONFIRM_CALLS`` calls before it."""
+        if seconds < HEAVY_AT_ONCE_S:
+            suspect, self._heavy_suspect = self._heavy_suspect, call_index
+            if suspect is None or not 0 < call_index - suspect <= HEAVY_CONFIRM_CALLS:
+                return
         runtime = self.plan.runtime
         model = runtime.cost_model if runtime is not _NEVER_CURRENT else None
         if model is None:
