@@ -3,6 +3,7 @@ decorator forms, force contexts, fallback on the real no-driver CuPy path, write
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import pickle
@@ -17,6 +18,7 @@ from fakes import GIB, FakeProbe
 
 import vedart as veda
 from vedart.offload.arguments import ON_DEVICE, host_bytes, map_arrays, scan
+from vedart.offload.cost import Decision
 from vedart.offload.failures import is_gpu_failure
 
 
@@ -482,3 +484,14 @@ def test_prefer_device_steers_decisions_without_a_device_option() -> None:
         with block:
             pass
     assert explain(big(4_000_000)).device == 0  # the outer block was left cleanly
+
+
+def test_a_decision_is_a_value_that_cannot_be_changed() -> None:
+    decision = Decision("gpu", "adaptive: gpu 1 ms vs cpu 9 ms", 1, model="adaptive",
+                        timed=False)
+    assert decision == Decision("gpu", "adaptive: gpu 1 ms vs cpu 9 ms", 1, False, "adaptive",
+                                None, False)
+    assert (decision.device, decision.refused, decision.free_bytes) == (1, False, None)
+    assert not decision.learned and Decision("cpu", "first call", model="adaptive").learned
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decision.path = "cpu"  # type: ignore[misc]

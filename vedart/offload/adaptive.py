@@ -331,7 +331,7 @@ class AdaptiveModel:
             choice, settled = self._bucket_choice(state, key, signature, nbytes)
             if not settled:
                 return choice
-            return self._revisit_or(choice, state, key, describe(signature, nbytes), peek)
+            return self._revisit_or(choice, state, key, signature, nbytes, peek)
 
     def _bucket_choice(self, state: _Bucket, key: str, signature: str, nbytes: int
                        ) -> tuple[Choice, bool]:
@@ -349,8 +349,8 @@ class AdaptiveModel:
             state.choice = (choice, settled, fits)
         return choice, settled
 
-    def _revisit_or(self, choice: Choice, bucket: _Bucket, key: str, where: str,
-                    peek: bool) -> Choice:
+    def _revisit_or(self, choice: Choice, bucket: _Bucket, key: str, signature: str,
+                    nbytes: int, peek: bool) -> Choice:
         """``choice`` untimed, except that every so many calls of a settled bucket the other
         path runs (``RECHECK_CALLS`` calls in a row, then as many timed calls of the chosen
         path): a path's evidence is its recent times, and ones measured during a slow spell
@@ -388,9 +388,9 @@ class AdaptiveModel:
                 state.recheck_left = 2 * RECHECK_CALLS - 1
         if call > RECHECK_CALLS:  # the re-check's second half: the chosen path, timed
             return Choice(choice.path, choice.reason, True)
-        return Choice(other, f"adaptive: re-checking {other} {where}, call "
-                             f"{call} of {RECHECK_CALLS} ({choice.path} chosen; next check in "
-                             f"{interval} calls)")
+        return Choice(other, f"adaptive: re-checking {other} {describe(signature, nbytes)}, "
+                             f"call {call} of {RECHECK_CALLS} ({choice.path} chosen; next check "
+                             f"in {interval} calls)")
 
     @staticmethod
     def _interval(calls: int, bucket: _Bucket, chosen: str, other: str) -> int:

@@ -28,7 +28,7 @@ SUPPORTED_DTYPES = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Decision:
     """Where one call runs and why. ``refused`` marks a GPU that was asked for (forced, or a
     named device) but cannot be used, which ``fallback="raise"`` turns into an error;
@@ -44,6 +44,14 @@ class Decision:
     model: str = "static"
     free_bytes: int | None = None
     timed: bool = True
+
+    # Every call past the fast path makes one: the generated frozen __init__ (a guarded
+    # attribute set per field) took 0.9 us of the model's 2.2 us bookkeeping on a settled call.
+    def __init__(self, path: str, reason: str, device: int | None = None, refused: bool = False,
+                 model: str = "static", free_bytes: int | None = None, timed: bool = True
+                 ) -> None:
+        self.__dict__.update(path=path, reason=reason, device=device, refused=refused,
+                             model=model, free_bytes=free_bytes, timed=timed)
 
     @property
     def learned(self) -> bool:
