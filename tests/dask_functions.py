@@ -50,3 +50,12 @@ def worker_threshold() -> int:
 
 def returns_a_generator(x: int) -> Any:
     return (value for value in range(x))
+
+
+def worker_gpu_setting() -> bool:
+    """Whether this worker's vedart runtime may use a GPU (``Config.gpu``)."""
+    from vedart import lifecycle
+
+    runtime = lifecycle.current
+    assert runtime is not None
+    return runtime.config.gpu

@@ -27,6 +27,7 @@ from dask_functions import (
     slow_identity,
     square,
     with_pid,
+    worker_gpu_setting,
     worker_threshold,
 )
 from hypothesis import HealthCheck, given, settings
@@ -210,6 +211,16 @@ def test_workers_run_gpu_functions_with_the_clients_config(client: Any) -> None:
     matrix = np.random.default_rng(2).random((8, 4))
     np.testing.assert_allclose(client.submit(scaled_column_sums, matrix).result(),
                                (matrix * 2.0).sum(axis=0))
+
+
+def test_an_embedded_cpu_clusters_workers_use_no_gpu_and_a_callers_may(client: Any) -> None:
+    on_dask(client)
+    assert set(client.run(worker_gpu_setting).values()) == {True}  # the GPUs each one sees
+    runtime = veda.init(veda.Config.builder().scheduler("dask").dask_cluster("cpu")
+                        .dask_workers(1).build())
+    assert runtime.dask is not None and runtime.config.gpu
+    assert set(runtime.dask.client.run(worker_gpu_setting).values()) == {False}
+    veda.shutdown()
 
 
 def test_info_shows_the_scheduler_and_its_workers(client: Any) -> None:

@@ -55,12 +55,19 @@ def require(module: str) -> Any:
                           "scheduler='threads'") from error
 
 
-def embedded_cluster(config: Config, gpus: int) -> Any:
-    """A LocalCUDACluster (one worker per GPU) or a LocalCluster of single-threaded worker
-    processes, as ``config.dask_cluster`` asks."""
+def embedded_kind(config: Config, gpus: int) -> str:
+    """"cuda" or "cpu": the embedded cluster ``config.dask_cluster`` asks for on a host with
+    ``gpus`` usable GPUs ("auto": a LocalCUDACluster where there are GPUs and dask-cuda)."""
     kind = config.dask_cluster
     if kind == "auto":
         kind = "cuda" if gpus and find_spec("dask_cuda") is not None else "cpu"
+    return kind
+
+
+def embedded_cluster(config: Config, gpus: int) -> Any:
+    """A LocalCUDACluster (one worker per GPU) or a LocalCluster of single-threaded worker
+    processes, as ``config.dask_cluster`` asks."""
+    kind = embedded_kind(config, gpus)
     workers = {} if config.dask_workers is None else {"n_workers": config.dask_workers}
     if kind == "cuda":
         dask_cuda = require("dask_cuda")
@@ -117,7 +124,10 @@ class DaskCluster:
                 raise
         started = cls(client, cluster, config.dask_client is None, config.dask_timeout)
         try:
-            answers = client.register_plugin(RuntimePlugin(config), name=PLUGIN_NAME)
+            # An embedded CPU cluster's many workers would each take every GPU of the host
+            # (contexts, staging buffers, a staging loop loading beside the first tasks).
+            use_gpus = cluster is None or embedded_kind(config, gpus) == "cuda"
+            answers = client.register_plugin(RuntimePlugin(config, use_gpus), name=PLUGIN_NAME)
         except BaseException:
             started.close()
             raise

@@ -24,14 +24,16 @@ from vedart.parallel.device_workers import StatsFeed, visible_device
 PLUGIN_NAME = "vedart-runtime"
 
 
-def worker_config(config: Config, threads: int, own_gpu: bool) -> Config:
+def worker_config(config: Config, threads: int, own_gpu: bool, use_gpus: bool = True) -> Config:
     """``config`` for a worker process with ``threads`` task threads: the thread scheduler
     (a worker starts no cluster of its own), no device processes, no progress bars, and, with
     ``own_gpu`` (a dask-cuda worker, which sees every GPU with its own listed first), that
-    first GPU only; else every GPU the worker sees."""
+    first GPU only; else every GPU the worker sees. Without ``use_gpus`` (the workers of an
+    embedded CPU cluster) no GPU at all: the functions run as written."""
     return dataclasses.replace(config, scheduler="threads", dask_address=None,
                                dask_client=None, devices=(0,) if own_gpu else None,
-                               device_processes=False, threads=threads, progress=False)
+                               device_processes=False, threads=threads, progress=False,
+                               gpu=config.gpu and use_gpus)
 
 
 class RuntimePlugin(WorkerPlugin):  # type: ignore[misc]
@@ -39,14 +41,16 @@ class RuntimePlugin(WorkerPlugin):  # type: ignore[misc]
 
     idempotent = False  # a new client configuration replaces the worker's runtime
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, use_gpus: bool = True) -> None:
         self.config = config
+        self.use_gpus = use_gpus
 
     def setup(self, worker: Worker) -> None:
         global _stats
         # dask-cuda's worker plugins import it in each of its workers.
         own_gpu = "dask_cuda" in sys.modules
-        runtime = lifecycle.init(worker_config(self.config, worker.state.nthreads, own_gpu))
+        runtime = lifecycle.init(worker_config(self.config, worker.state.nthreads, own_gpu,
+                                               self.use_gpus))
         _stats = StatsFeed(runtime.telemetry)
 
     def teardown(self, worker: Worker) -> None:
