@@ -59,3 +59,8 @@ def worker_gpu_setting() -> bool:
     runtime = lifecycle.current
     assert runtime is not None
     return runtime.config.gpu
+
+
+def same_array(matrix: np.ndarray) -> np.ndarray:
+    """The item itself: in a worker, a view of the memory the item arrived in."""
+    return matrix

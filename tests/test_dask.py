@@ -23,6 +23,7 @@ from dask_functions import (
     fails_on_seven,
     is_even,
     repeat_twice,
+    same_array,
     scaled_column_sums,
     slow_identity,
     square,
@@ -35,7 +36,9 @@ from hypothesis import strategies as st
 
 import vedart as veda
 from vedart.cli import collect_info, format_info
+from vedart.parallel import dask_scheduler
 from vedart.parallel.dask_scheduler import DASK_WINDOW_PER_THREAD
+from vedart.parallel.dask_shared import SHARED_MIN_BYTES, SHM_DIRECTORY
 
 distributed = pytest.importorskip("distributed")
 
@@ -221,6 +224,57 @@ def test_an_embedded_cpu_clusters_workers_use_no_gpu_and_a_callers_may(client: A
     assert runtime.dask is not None and runtime.config.gpu
     assert set(runtime.dask.client.run(worker_gpu_setting).values()) == {False}
     veda.shutdown()
+
+
+def counting_shipments(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Bytes of each batch the Dask scheduler sends through shared memory from now on."""
+    shipped: list[int] = []
+    real_ship = dask_scheduler.ship
+
+    def ship(batch: Any) -> Any:
+        shipment = real_ship(batch)
+        if shipment is not None:
+            shipped.append(shipment.memory.size)
+        return shipment
+
+    monkeypatch.setattr(dask_scheduler, "ship", ship)
+    return shipped
+
+
+def shared_segments() -> set[str]:
+    """Names of the SharedMemory segments that exist now (Python names them psm_...)."""
+    return {name for name in os.listdir(SHM_DIRECTORY) if name.startswith("psm_")}
+
+
+@pytest.mark.skipif(not os.path.isdir(SHM_DIRECTORY), reason="no /dev/shm")
+def test_an_embedded_clusters_large_batches_travel_through_shared_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = counting_shipments(monkeypatch)
+    segments_before = shared_segments()
+    rng = np.random.default_rng(5)
+    matrices = [rng.random((512, 512)) for _ in range(12)]  # 2 MB each
+    veda.init(veda.Config.builder().scheduler("dask").dask_cluster("cpu").dask_workers(2)
+              .build())
+    sums = veda.par_iter(matrices).gpu_map(scaled_column_sums).collect()
+    for got, matrix in zip(sums, matrices):
+        np.testing.assert_allclose(got, (matrix * 2.0).sum(axis=0))
+    same = veda.par_iter(matrices).map(same_array).collect()  # views of the segment there
+    for got, matrix in zip(same, matrices):
+        np.testing.assert_array_equal(got, matrix)
+        assert got.flags.writeable and got.dtype == matrix.dtype
+    assert shipped and min(shipped) >= SHARED_MIN_BYTES, shipped
+    assert shared_segments() <= segments_before  # every segment unlinked
+    veda.shutdown()
+
+
+def test_a_callers_cluster_gets_its_batches_as_arguments(client: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = counting_shipments(monkeypatch)
+    on_dask(client)
+    matrices = [np.random.default_rng(6).random((512, 512)) for _ in range(4)]
+    sums = veda.par_iter(matrices).gpu_map(scaled_column_sums).collect()
+    np.testing.assert_allclose(sums[3], (matrices[3] * 2.0).sum(axis=0))
+    assert shipped == []  # its workers may be on other hosts
 
 
 def test_info_shows_the_scheduler_and_its_workers(client: Any) -> None:

@@ -9,8 +9,9 @@ On the client, before anything is sent:
 2. :func:`check_batch` pickles each batch as Dask will (skipping array buffers, which Dask
    sends out of band), so an item that cannot be pickled raises ParIterError naming its
    source index instead of failing inside Dask.
-In the worker, :func:`run_batch` (the Dask task) loads the chain (once per pipeline and
-process), runs it on the batch under the caller's ``veda.force`` path (@gpu steps through the
+A batch of an embedded cluster may instead travel through shared memory
+(:mod:`.dask_shared`). In the worker, :func:`run_batch` (the Dask task) loads the chain (once
+per pipeline and process), runs it on the batch under the caller's ``veda.force`` path (@gpu steps through the
 worker's own gpu_map lanes when it has a GPU) and returns the result
 with the seconds it took; a result that cannot be pickled becomes that item's failure.
 """
@@ -31,6 +32,7 @@ from vedart.lifecycle import get_runtime
 from vedart.offload.decorator import OffloadOptions, gpu
 from vedart.offload.force import forced_path
 from vedart.parallel.batch import Batch, ItemFailure, Reader
+from vedart.parallel.dask_shared import SharedBatch
 from vedart.parallel.elementwise import Step, fuse
 from vedart.parallel.gpu_map import GpuFunction, GpuMapReader, gpu_lanes_for, is_gpu_wrapper
 from vedart.parallel.scheduler import ChunkPolicy
@@ -179,10 +181,13 @@ def _on_lanes(step: Step, batch: Batch, runtime: Runtime) -> Batch:
     return reduce(operator.add, parts, Batch([], []))
 
 
-def run_batch(steps: bytes, batch: Batch, forced: str | None) -> tuple[Batch, float]:
-    """The Dask task: the chain ``steps`` over ``batch`` under ``veda.force(forced)``, and the
-    seconds it took."""
+def run_batch(steps: bytes, batch: Batch | SharedBatch, forced: str | None
+              ) -> tuple[Batch, float]:
+    """The Dask task: the chain ``steps`` over ``batch`` (loaded first when it came through
+    shared memory) under ``veda.force(forced)``, and the seconds it took."""
     chain = _loaded(steps)
+    if isinstance(batch, SharedBatch):
+        batch = batch.load()
     token = forced_path.set(forced)
     try:
         started = time.perf_counter()

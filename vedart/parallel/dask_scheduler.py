@@ -8,7 +8,9 @@ Contracts (as on the thread scheduler, :mod:`vedart.parallel.scheduler`):
   only to fill that window; results come back in input order, each item once (a task Dask
   re-runs after its worker died is still one future with one result).
 - Functions and items are pickled before anything is sent (:mod:`.dask_payload`): one that
-  cannot be fails the pipeline at once naming its stage or item.
+  cannot be fails the pipeline at once naming its stage or item. On a cluster this runtime
+  started (same host), batches holding a megabyte or more of arrays go through shared memory
+  (:mod:`.dask_shared`).
 - A task that fails as a whole (its worker died more often than Dask allows) fails each of its
   items in place, so ``collect(errors=...)`` treats them like any other failure. A scheduler
   that stops answering for ``Config.dask_timeout`` seconds raises ParIterError.
@@ -34,6 +36,7 @@ from vedart.offload.force import forced_path
 from vedart.parallel.batch import Batch, Reader
 from vedart.parallel.device_workers import visible_device
 from vedart.parallel.dask_payload import check_batch, encode_steps, failed_batch, run_batch
+from vedart.parallel.dask_shared import Shipment, ship
 from vedart.parallel.elementwise import Step
 from vedart.parallel.scheduler import BatchwiseReader, ChunkPolicy
 from vedart.telemetry import Telemetry
@@ -219,13 +222,20 @@ class DaskCluster:
 
 @dataclass(frozen=True)
 class _Submitted:
-    """A task in flight and the batch it was given."""
+    """A task in flight, the batch it was given and, when that went through shared memory,
+    its segment (released once the task is over or cancelled)."""
 
     future: Any
     batch: Batch
+    shipment: Shipment | None = None
 
     def cancel(self) -> None:
         self.future.cancel()
+        self.release()
+
+    def release(self) -> None:
+        if self.shipment is not None:
+            self.shipment.release()
 
 
 class DaskReader(BatchwiseReader[_Submitted]):
@@ -244,8 +254,11 @@ class DaskReader(BatchwiseReader[_Submitted]):
 
     def _start(self, batch: Batch) -> _Submitted:
         check_batch(batch, self._stage)
-        return _Submitted(self._cluster.client.submit(run_batch, self._steps, batch,
-                                                      self._forced, pure=False), batch)
+        shipment = ship(batch) if self._cluster.cluster is not None else None
+        future = self._cluster.client.submit(
+            run_batch, self._steps, batch if shipment is None else shipment.shared,
+            self._forced, pure=False)
+        return _Submitted(future, batch, shipment)
 
     def _await(self, task: _Submitted) -> Batch:
         try:
@@ -254,14 +267,19 @@ class DaskReader(BatchwiseReader[_Submitted]):
             raise
         except Exception as error:  # noqa: BLE001  # the task failed as a whole
             return failed_batch(task.batch, self._stage, error)
+        finally:
+            task.release()
         self._chunks.observe(len(task.batch), seconds)
         return result  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        futures = [submitted.future for submitted in self._tasks]
+        submitted = list(self._tasks)
         self._tasks.clear()
+        futures = [task.future for task in submitted]
         if futures and self._cluster.client.status == "running":
             self._cluster.client.cancel(futures)
+        for task in submitted:
+            task.release()
         super().close()
         if self._telemetry.enabled:
             try:

@@ -656,7 +656,7 @@ def _worker_environment() -> dict[str, str]:
     return environment
 
 
-def _shared_memory_free() -> int | None:
+def shared_memory_free() -> int | None:
     """Free bytes where shared memory lives (/dev/shm), or None when unknown."""
     try:
         return shutil.disk_usage("/dev/shm").free
@@ -678,7 +678,7 @@ class DeviceWorkers:
         self._busy = threading.Lock()
         self._owner = os.getpid()  # a forked child holds copies of the sockets and rings
         atexit.register(self.shutdown)  # a script that never shuts its runtime down
-        free, needed = _shared_memory_free(), RING_BYTES * len(ordinals)
+        free, needed = shared_memory_free(), RING_BYTES * len(ordinals)
         try:
             if free is not None and free < 2 * needed:  # writing past it would be SIGBUS
                 raise OffloadError(f"/dev/shm has {free / MIB:.0f} MiB free; the input rings "
