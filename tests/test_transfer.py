@@ -9,7 +9,6 @@ import ctypes
 import gc
 import sys
 import threading
-import time
 import warnings
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from fakes import FakeProbe, gpu_unavailable_reason
 import vedart as veda
 from vedart.gpu.pinned import PinnedPool, size_class
 from vedart.gpu import transfer
-from vedart.gpu.transfer import (LOADING_SWITCH_INTERVAL_S, LoopLoader, TransferEngine, Tuning, contiguous_layout,
+from vedart.gpu.transfer import (LoopLoader, TransferEngine, Tuning, contiguous_layout,
                                  native_byte_order)
 
 
@@ -307,25 +306,6 @@ def test_the_staging_loop_loads_in_the_background_once_and_no_caller_waits() -> 
     assert loader.wait(timeout=5) is calls
     assert loader.calls() is calls
     assert load.started == 1
-
-
-def test_the_switch_interval_is_short_while_loops_load_and_put_back_after() -> None:
-    before = sys.getswitchinterval()
-    loads = [BlockingLoad(result=object()), BlockingLoad(result=object())]
-    loaders = [LoopLoader(load) for load in loads]  # type: ignore[arg-type]
-    for loader in loaders:
-        loader.start()
-    deadline = time.monotonic() + 5
-    while sum(load.started for load in loads) < 2 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_INTERVAL_S)
-    loads[0].release.set()
-    assert loaders[0].wait(timeout=5) is not None
-    assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_INTERVAL_S)  # one loads
-    loads[1].release.set()
-    assert loaders[1].wait(timeout=5) is not None
-    loaders[1]._thread.join(5)  # type: ignore[union-attr]
-    assert sys.getswitchinterval() == pytest.approx(before)
 
 
 def test_a_staging_loop_that_cannot_load_warns_once_and_leaves_copies_direct() -> None:

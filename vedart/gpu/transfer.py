@@ -31,14 +31,12 @@ The caller's array is only ever read. Concurrent transfers each take their own s
 from __future__ import annotations
 
 import contextlib
-import math
 import os
-import sys
 import threading
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -223,8 +221,7 @@ class LoopLoader:
 
     def _run(self) -> None:
         try:
-            with _short_switch_interval():
-                self._calls = self._load()
+            self._calls = self._load()
         except Exception as error:
             _warn_not_loaded(error)
         finally:
@@ -233,37 +230,6 @@ class LoopLoader:
     def _finish(self) -> None:
         self._ended = time.perf_counter()
         self._loaded.set()
-
-
-# While the loop loads (Python imports: the loading thread holds the interpreter lock nearly
-# throughout), a thread coming back from a copy that released the lock waited up to a whole
-# switch interval (5 ms by default) for it, several times per call: a fresh process's first
-# 64 MB copy one second after init ran at 0.72x cupy.asarray's speed (H100, 2026-11-24).
-LOADING_SWITCH_INTERVAL_S = 0.0005
-_switch_lock = threading.Lock()
-_switch_users = 0
-_switch_before = 0.0
-
-
-@contextlib.contextmanager
-def _short_switch_interval() -> Iterator[None]:
-    """``sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)`` while any caller is inside; the
-    interval found before is put back when the last one leaves, unless it was changed since."""
-    global _switch_users, _switch_before
-    with _switch_lock:
-        if _switch_users == 0:
-            _switch_before = sys.getswitchinterval()
-            sys.setswitchinterval(min(_switch_before, LOADING_SWITCH_INTERVAL_S))
-        _switch_users += 1
-    try:
-        yield
-    finally:
-        with _switch_lock:
-            _switch_users -= 1
-            if _switch_users == 0 and \
-                    math.isclose(sys.getswitchinterval(), min(_switch_before,
-                                                              LOADING_SWITCH_INTERVAL_S)):
-                sys.setswitchinterval(_switch_before)
 
 
 def _warn_not_loaded(error: BaseException) -> None:
