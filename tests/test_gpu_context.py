@@ -138,6 +138,23 @@ def test_free_memory_reuses_a_young_reading_only(monkeypatch: pytest.MonkeyPatch
     assert gpu.get_memory_stats(0)["free_mb"] == 1 * GIB / 2**20  # statistics read afresh
 
 
+def test_a_small_need_reuses_an_older_reading_a_large_one_reads_afresh(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vedart.gpu import context
+
+    probe = FakeProbe(free=5 * GIB)
+    gpu = veda.init(device_probe=probe).gpu
+    assert gpu is not None and gpu.free_memory(0) == 5 * GIB
+    monkeypatch.setattr(context, "FREE_MEMORY_MAX_AGE_S", 0.0)  # every reading is old
+    probe.free[0] = 1 * GIB
+    small = 5 * GIB // context.FREE_MEMORY_SLACK
+    assert gpu.free_memory(0, small) == 5 * GIB and probe.memory_queries == 1
+    assert gpu.free_memory(0, small + 1) == 1 * GIB and probe.memory_queries == 2
+    assert gpu.free_memory(0) == 1 * GIB and probe.memory_queries == 3  # no need: afresh
+    monkeypatch.setattr(context, "FREE_MEMORY_SLACK_AGE_S", 0.0)
+    assert gpu.free_memory(0, 1) == 1 * GIB and probe.memory_queries == 4
+
+
 class _Block:
     """What an allocator hands out, as far as peak tracking reads it."""
 

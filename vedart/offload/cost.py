@@ -109,8 +109,9 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
                                f"{list(ordinals)})", refused=True)
     if device is None and facts.device_ordinals:
         device = facts.device_ordinals[0]
+    needed = headroom * facts.host_bytes
     if wants_gpu:
-        chosen, free = _most_free(gpu, [device] if device is not None else ordinals)
+        chosen, free = _most_free(gpu, [device] if device is not None else ordinals, needed)
         return Decision("gpu", forced_by, chosen, free_bytes=free)
     if facts.device_ordinals:
         return Decision("gpu", f"input already on device {device}", device)
@@ -122,8 +123,7 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
         path, learned_reason, timed = size_rule()
         if path == "cpu":
             return Decision("cpu", learned_reason, model=model, timed=timed)
-    chosen, free = _most_free(gpu, [device] if device is not None else ordinals)
-    needed = headroom * facts.host_bytes
+    chosen, free = _most_free(gpu, [device] if device is not None else ordinals, needed)
     if free < needed:
         return cpu(f"device {chosen} has {format_bytes(free)} free, needs {format_bytes(needed)} "
                    f"({headroom:.1f}x inputs)")
@@ -133,10 +133,11 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     return Decision("gpu", reason, chosen, model=model, free_bytes=free, timed=timed)
 
 
-def _most_free(gpu: GPUContext, ordinals: Sequence[int]) -> tuple[int, int]:
-    """The device among ``ordinals`` with the most free memory, and that free byte count."""
+def _most_free(gpu: GPUContext, ordinals: Sequence[int], needed: float) -> tuple[int, int]:
+    """The device among ``ordinals`` with the most free memory, and that free byte count,
+    for a call that needs ``needed`` bytes (see ``GPUContext.free_memory``)."""
     if len(ordinals) == 1:
-        return ordinals[0], gpu.free_memory(ordinals[0])
-    free_by_device = [(gpu.free_memory(ordinal), ordinal) for ordinal in ordinals]
+        return ordinals[0], gpu.free_memory(ordinals[0], needed)
+    free_by_device = [(gpu.free_memory(ordinal, needed), ordinal) for ordinal in ordinals]
     free, ordinal = max(free_by_device, key=lambda pair: (pair[0], -pair[1]))
     return ordinal, free
