@@ -8,7 +8,8 @@ to its arguments, so the CPU wins at every size); 5 us for the model's choice pl
 step for a bucket settled on the GPU (no device work: the model alone). Each runtime's
 staging loop is loaded before its rows are timed: while it loads (about a second after
 ``init``), its thread holds the interpreter lock for long stretches, which read as 0.4-0.5 us
-more per call on the H100 (2026-11-24), a cost of the first second, not of the fast path.
+more per below-floor call on the H100 (2026-11-24: 0.77-0.88 us, then 0.33-0.39 us waiting), a
+cost of the first second, not of the fast path.
 """
 
 from __future__ import annotations
