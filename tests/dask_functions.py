@@ -64,3 +64,8 @@ def worker_gpu_setting() -> bool:
 def same_array(matrix: np.ndarray) -> np.ndarray:
     """The item itself: in a worker, a view of the memory the item arrived in."""
     return matrix
+
+
+def held_total(holder: Any) -> float:
+    """The sum of the ``matrix`` attribute of ``holder`` (an object of any class)."""
+    return float(holder.matrix.sum())

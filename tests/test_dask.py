@@ -21,6 +21,7 @@ import psutil
 import pytest
 from dask_functions import (
     fails_on_seven,
+    held_total,
     is_even,
     repeat_twice,
     same_array,
@@ -241,6 +242,16 @@ def counting_shipments(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return shipped
 
 
+class MainScriptHolder:
+    """Stands in for a class of the caller's script: pickled by name it cannot be found."""
+
+    def __init__(self, matrix: np.ndarray) -> None:
+        self.matrix = matrix
+
+
+MainScriptHolder.__module__ = "__main__"
+
+
 def shared_segments() -> set[str]:
     """Names of the SharedMemory segments that exist now (Python names them psm_...)."""
     return {name for name in os.listdir(SHM_DIRECTORY) if name.startswith("psm_")}
@@ -249,6 +260,8 @@ def shared_segments() -> set[str]:
 @pytest.mark.skipif(not os.path.isdir(SHM_DIRECTORY), reason="no /dev/shm")
 def test_an_embedded_clusters_large_batches_travel_through_shared_memory(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules["__main__"], "MainScriptHolder", MainScriptHolder,
+                        raising=False)  # as a class of the caller's script is found there
     shipped = counting_shipments(monkeypatch)
     segments_before = shared_segments()
     rng = np.random.default_rng(5)
@@ -263,6 +276,11 @@ def test_an_embedded_clusters_large_batches_travel_through_shared_memory(
         np.testing.assert_array_equal(got, matrix)
         assert got.flags.writeable and got.dtype == matrix.dtype
     assert shipped and min(shipped) >= SHARED_MIN_BYTES, shipped
+    shipments = len(shipped)
+    held = [MainScriptHolder(matrix) for matrix in matrices]  # by value, as cloudpickle sends
+    np.testing.assert_allclose(veda.par_iter(held).map(held_total).collect(),
+                               [m.sum() for m in matrices])
+    assert len(shipped) == shipments  # the worker could not resolve __main__.MainScriptHolder
     assert shared_segments() <= segments_before  # every segment unlinked
     veda.shutdown()
 

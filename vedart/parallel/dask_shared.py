@@ -12,8 +12,10 @@ task's result arrived, failed or was cancelled (:meth:`Shipment.release`); a tas
 after its worker died finds the segment still there. The worker maps the segment and rebuilds
 the items around views of it (no copy); the mapping lives as long as any of those arrays, so a
 result that is a view of its item stays valid after the client unlinked the name. A batch
-that does not pickle with the standard pickler (a lambda among its items), or one that would
-not fit in the free shared memory twice over (writing past it is SIGBUS), is sent as before.
+that does not pickle with the standard pickler (a lambda among its items) or names something
+of the caller's ``__main__`` (which cloudpickle sends by value and the standard pickler by a
+name the worker cannot resolve), or one that would not fit in the free shared memory twice
+over (writing past it is SIGBUS), is sent as before.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 from vedart.parallel.batch import Batch
 from vedart.parallel.device_workers import (
     decode,
-    encode,
+    encode_for_worker,
     payload_bytes,
     shared_memory_free,
     write_buffers,
@@ -75,10 +77,10 @@ def ship(batch: Batch) -> Shipment | None:
     (see the module docstring)."""
     if not os.path.isdir(SHM_DIRECTORY):
         return None
-    try:
-        meta, buffers = encode(batch)
-    except Exception:  # noqa: BLE001  # whatever stops this pickler, Dask's may still send it
+    encoded = encode_for_worker(batch)  # None: it does not pickle, or it names __main__
+    if encoded is None:
         return None
+    meta, buffers = encoded
     size = payload_bytes(buffers)
     free = shared_memory_free()
     if size < SHARED_MIN_BYTES or free is None or free < 2 * size:
