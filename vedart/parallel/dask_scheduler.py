@@ -22,6 +22,7 @@ Contracts (as on the thread scheduler, :mod:`vedart.parallel.scheduler`):
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from vedart.offload.force import forced_path
 from vedart.parallel.batch import Batch, Reader
 from vedart.parallel.device_workers import visible_device
 from vedart.parallel.dask_payload import check_batch, encode_steps, failed_batch, run_batch
-from vedart.parallel.dask_shared import Shipment, ship
+from vedart.parallel.dask_shared import SharedRing
 from vedart.parallel.elementwise import Step
 from vedart.parallel.scheduler import BatchwiseReader, ChunkPolicy
 from vedart.telemetry import Telemetry
@@ -96,6 +97,19 @@ class DaskCluster:
         self.cluster = cluster
         self._owns_client = owns_client
         self._timeout = timeout
+        self._ring: SharedRing | None = None
+        self._ring_tried = False
+        self._ring_lock = threading.Lock()
+
+    def shared_ring(self) -> SharedRing | None:
+        """The ring batches reach this runtime's own cluster through (made on first use);
+        None for a cluster it did not start, whose workers may be on other hosts, or where
+        shared memory is short (:mod:`.dask_shared`)."""
+        with self._ring_lock:
+            if not self._ring_tried and self.cluster is not None:
+                self._ring_tried = True
+                self._ring = SharedRing.create()
+            return self._ring
 
     @classmethod
     def start(cls, config: Config, gpus: int) -> DaskCluster:
@@ -213,6 +227,10 @@ class DaskCluster:
             if self.cluster is not None:
                 self.cluster.close()
             self._owns_client, self.cluster = False, None
+        with self._ring_lock:
+            ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.close()
         elif self.client.status == "running":
             try:
                 self.client.unregister_worker_plugin(PLUGIN_NAME)
@@ -220,22 +238,23 @@ class DaskCluster:
                 logger.info("could not remove vedart's worker runtimes: %s", error)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Submitted:
-    """A task in flight, the batch it was given and, when that went through shared memory,
-    its segment (released once the task is over or cancelled)."""
+    """A task in flight, the batch it was given and the ring it went through (None: as a
+    task argument), whose span :meth:`release` frees once."""
 
     future: Any
     batch: Batch
-    shipment: Shipment | None = None
+    ring: SharedRing | None = None
 
     def cancel(self) -> None:
         self.future.cancel()
         self.release()
 
     def release(self) -> None:
-        if self.shipment is not None:
-            self.shipment.release()
+        ring, self.ring = self.ring, None
+        if ring is not None:
+            ring.release()
 
 
 class DaskReader(BatchwiseReader[_Submitted]):
@@ -254,11 +273,12 @@ class DaskReader(BatchwiseReader[_Submitted]):
 
     def _start(self, batch: Batch) -> _Submitted:
         check_batch(batch, self._stage)
-        shipment = ship(batch) if self._cluster.cluster is not None else None
-        future = self._cluster.client.submit(
-            run_batch, self._steps, batch if shipment is None else shipment.shared,
-            self._forced, pure=False)
-        return _Submitted(future, batch, shipment)
+        ring = self._cluster.shared_ring()
+        shared = None if ring is None else ring.ship(batch)
+        future = self._cluster.client.submit(run_batch, self._steps,
+                                             batch if shared is None else shared,
+                                             self._forced, pure=False)
+        return _Submitted(future, batch, None if shared is None else ring)
 
     def _await(self, task: _Submitted) -> Batch:
         try:

@@ -1,33 +1,42 @@
 """Batches of items handed to the workers of an embedded Dask cluster through shared memory.
 
 A batch sent as a task argument is pickled by the client, carried through the scheduler and
-over a socket to the worker: on one host, 64 matrices of 4 MB took 8x the time of the thread
-scheduler that way (H200, 2026-11-24). The workers of a cluster this runtime started run on
-this host, so a batch whose array buffers total ``SHARED_MIN_BYTES`` or more goes instead as
-a :class:`SharedBatch`: the rest of it pickled (protocol 5), the buffers copied once into a
-POSIX shared-memory segment, whose name travels with the task.
+over a socket to the worker: on one host, 64 matrices of 4 MB took 7-8x the time of the thread
+scheduler that way (H100 and H200, 2026-11-24). The workers of a cluster this runtime started
+run on this host, so a batch whose array buffers total ``SHARED_MIN_BYTES`` or more goes
+instead as a :class:`SharedBatch`: the rest of it pickled (protocol 5), the buffers copied
+once into a span of the cluster's :class:`SharedRing`, a POSIX shared-memory segment whose
+name travels with the task.
 
-Lifetime: the client creates the segment when it submits the task and unlinks it when the
-task's result arrived, failed or was cancelled (:meth:`Shipment.release`); a task Dask re-runs
-after its worker died finds the segment still there. The worker maps the segment and rebuilds
-the items around views of it (no copy); the mapping lives as long as any of those arrays, so a
-result that is a view of its item stays valid after the client unlinked the name. A batch
-that does not pickle with the standard pickler (a lambda among its items) or names something
-of the caller's ``__main__`` (which cloudpickle sends by value and the standard pickler by a
-name the worker cannot resolve), or one that would not fit in the free shared memory twice
-over (writing past it is SIGBUS), is sent as before.
+The ring is one segment for the runtime's life, its spans handed out in order and released
+oldest first: the client releases a batch's span when its task's result has arrived, failed
+or was cancelled, which happens in the order the batches were sent (results are taken in input
+order). A fresh segment per batch cost more than the copy itself: writing 96 MB into new
+shared pages took about 80 ms (page faults), against ~10 ms into pages already there (H100,
+2026-11-24). A task Dask re-runs after its worker died finds its span unchanged. The worker
+maps the segment once and rebuilds the items around views of it (no copy); a result that is a
+view of its item is pickled back when the task ends, before the span can be reused.
+
+A batch that does not pickle with the standard pickler (a lambda among its items) or names
+something of the caller's ``__main__`` (which cloudpickle sends by value and the standard
+pickler by a name the worker cannot resolve), or one for which the ring has no room now, is
+sent as before. No ring is made where ``/dev/shm`` is missing or has less than twice
+``RING_BYTES`` free (writing past it is SIGBUS).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
 from vedart.parallel.batch import Batch
+from vedart.parallel.byte_ring import ByteRing
 from vedart.parallel.device_workers import (
     decode,
     encode_for_worker,
@@ -36,14 +45,19 @@ from vedart.parallel.device_workers import (
     write_buffers,
 )
 
-SHARED_MIN_BYTES = 1 << 20  # below, pickling the buffers costs less than a segment
-SHM_DIRECTORY = "/dev/shm"  # where shm_open's segments appear (Linux)
+SHARED_MIN_BYTES = 1 << 20   # below, pickling the buffers costs less than a copy into the ring
+RING_BYTES = 512 << 20       # the window of in-flight batches of 4 MB matrices, with room
+SHM_DIRECTORY = "/dev/shm"   # where shm_open's segments appear (Linux)
+MAPPED_RINGS = 4             # segments a worker keeps mapped (one per runtime that used it)
+
+_mapped: OrderedDict[str, memoryview] = OrderedDict()  # in a worker: ring name -> its mapping
+_mapped_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
 class SharedBatch:
-    """What a task carries for a batch in shared memory: the segment's name, the batch
-    pickled without its buffers, and each buffer's (start, size) in the segment."""
+    """What a task carries for a batch in the ring: the segment's name, the batch pickled
+    without its buffers, and each buffer's (start, size) in the segment."""
 
     name: str
     meta: bytes
@@ -51,45 +65,73 @@ class SharedBatch:
 
     def load(self) -> Batch:
         """The batch, its arrays views of the mapped segment (in the worker)."""
-        with open(os.path.join(SHM_DIRECTORY, self.name.lstrip("/")), "r+b") as segment:
-            mapped = mmap.mmap(segment.fileno(), 0)
-        batch: Batch = decode(self.meta, memoryview(mapped), self.spans)
+        batch: Batch = decode(self.meta, _mapping(self.name), self.spans)
         return batch
 
 
-class Shipment:
-    """The client's side of one :class:`SharedBatch`: the segment, until :meth:`release`."""
+def _mapping(name: str) -> memoryview:
+    """Segment ``name`` mapped into this process, once; the oldest of more than
+    ``MAPPED_RINGS`` is dropped (unmapped when no array views it any more)."""
+    with _mapped_lock:
+        view = _mapped.get(name)
+        if view is None:
+            with open(os.path.join(SHM_DIRECTORY, name.lstrip("/")), "r+b") as segment:
+                view = _mapped[name] = memoryview(mmap.mmap(segment.fileno(), 0))
+            while len(_mapped) > MAPPED_RINGS:
+                _mapped.popitem(last=False)
+        _mapped.move_to_end(name)
+        return view
 
-    def __init__(self, memory: SharedMemory, shared: SharedBatch) -> None:
-        self.memory: SharedMemory | None = memory
-        self.shared = shared
+
+class SharedRing:
+    """The client's ring for one embedded cluster (see the module docstring). Thread-safe."""
+
+    def __init__(self, memory: SharedMemory) -> None:
+        self._memory: SharedMemory | None = memory
+        self._bytes: np.ndarray | None = np.ndarray((memory.size,), np.uint8, memory.buf)
+        self._ring = ByteRing(memory.size)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls) -> SharedRing | None:
+        """A new ring, or None where shared memory is missing or short."""
+        free = shared_memory_free() if os.path.isdir(SHM_DIRECTORY) else None
+        if free is None or free < 2 * RING_BYTES:
+            return None
+        return cls(SharedMemory(create=True, size=RING_BYTES))
+
+    def ship(self, batch: Batch) -> SharedBatch | None:
+        """``batch`` copied into the next span, or None when it goes as a task argument; the
+        caller :meth:`release`\\ s each shipped batch's span, in shipping order."""
+        encoded = encode_for_worker(batch)  # None: it does not pickle, or it names __main__
+        if encoded is None:
+            return None
+        meta, buffers = encoded
+        size = payload_bytes(buffers)
+        with self._lock:
+            ring, memory = self._bytes, self._memory
+            if ring is None or memory is None or size < SHARED_MIN_BYTES \
+                    or not self._ring.fits(size):
+                return None
+            offset = self._ring.allocate(size)
+            if offset is None:
+                return None
+        spans = write_buffers(ring, offset, buffers)  # outside the lock: the span is ours
+        return SharedBatch(memory.name, meta, spans)
 
     def release(self) -> None:
-        """Unlink the segment (the worker's mapping, if any, stays valid); idempotent."""
-        memory, self.memory = self.memory, None
+        """Free the oldest shipped batch's span (nothing once closed)."""
+        with self._lock:
+            if self._ring.in_use:
+                self._ring.release()
+
+    def close(self) -> None:
+        """Unlink the segment (workers' mappings stay valid until they drop them)."""
+        with self._lock:
+            memory, self._memory, self._bytes = self._memory, None, None
         if memory is not None:
-            memory.close()
+            try:
+                memory.close()
+            except BufferError:  # a copy into it still under way: unmapped at exit instead
+                pass
             memory.unlink()
-
-
-def ship(batch: Batch) -> Shipment | None:
-    """``batch`` in a new shared-memory segment, or None when it goes as a plain argument
-    (see the module docstring)."""
-    if not os.path.isdir(SHM_DIRECTORY):
-        return None
-    encoded = encode_for_worker(batch)  # None: it does not pickle, or it names __main__
-    if encoded is None:
-        return None
-    meta, buffers = encoded
-    size = payload_bytes(buffers)
-    free = shared_memory_free()
-    if size < SHARED_MIN_BYTES or free is None or free < 2 * size:
-        return None
-    memory = SharedMemory(create=True, size=size)
-    try:
-        spans = write_buffers(np.ndarray((size,), np.uint8, memory.buf), 0, buffers)
-    except BaseException:
-        memory.close()
-        memory.unlink()
-        raise
-    return Shipment(memory, SharedBatch(memory.name, meta, spans))
