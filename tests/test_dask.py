@@ -285,14 +285,19 @@ def test_an_embedded_clusters_large_batches_travel_through_shared_memory(
     assert shared_segments() <= segments_before  # unlinked at shutdown
 
 
-def test_a_callers_cluster_gets_its_batches_as_arguments(client: Any,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("by_address", [False, True])
+def test_a_callers_local_cluster_shares_memory_one_by_address_does_not(
+        cluster: Any, monkeypatch: pytest.MonkeyPatch, by_address: bool) -> None:
     shipped = counting_shipments(monkeypatch)
-    on_dask(client)
-    matrices = [np.random.default_rng(6).random((512, 512)) for _ in range(4)]
-    sums = veda.par_iter(matrices).gpu_map(scaled_column_sums).collect()
-    np.testing.assert_allclose(sums[3], (matrices[3] * 2.0).sum(axis=0))
-    assert shipped == []  # its workers may be on other hosts
+    with distributed.Client(cluster.scheduler_address if by_address else cluster,
+                            set_as_default=False) as client:
+        on_dask(client)
+        matrices = [np.random.default_rng(6).random((512, 512)) for _ in range(4)]
+        sums = veda.par_iter(matrices).gpu_map(scaled_column_sums).collect()
+        np.testing.assert_allclose(sums[3], (matrices[3] * 2.0).sum(axis=0))
+        veda.shutdown()
+    # By address, the workers may be on other hosts.
+    assert (shipped == []) is by_address, shipped
 
 
 def test_info_shows_the_scheduler_and_its_workers(client: Any) -> None:

@@ -8,9 +8,9 @@ Contracts (as on the thread scheduler, :mod:`vedart.parallel.scheduler`):
   only to fill that window; results come back in input order, each item once (a task Dask
   re-runs after its worker died is still one future with one result).
 - Functions and items are pickled before anything is sent (:mod:`.dask_payload`): one that
-  cannot be fails the pipeline at once naming its stage or item. On a cluster this runtime
-  started (same host), batches holding a megabyte or more of arrays go through shared memory
-  (:mod:`.dask_shared`).
+  cannot be fails the pipeline at once naming its stage or item. On a LocalCluster (the
+  runtime's own, or the one a caller's client was made with), batches holding a megabyte or
+  more of arrays go through shared memory (:mod:`.dask_shared`).
 - A task that fails as a whole (its worker died more often than Dask allows) fails each of its
   items in place, so ``collect(errors=...)`` treats them like any other failure. A scheduler
   that stops answering for ``Config.dask_timeout`` seconds raises ParIterError.
@@ -102,13 +102,18 @@ class DaskCluster:
         self._ring_lock = threading.Lock()
 
     def shared_ring(self) -> SharedRing | None:
-        """The ring batches reach this runtime's own cluster through (made on first use);
-        None for a cluster it did not start, whose workers may be on other hosts, or where
-        shared memory is short (:mod:`.dask_shared`)."""
+        """The ring batches reach a cluster of this host through (made on first use): the
+        runtime's own, or a ``LocalCluster`` the caller's client was made with. None for a
+        cluster reached by address, whose workers may be on other hosts, or where shared
+        memory is short (:mod:`.dask_shared`)."""
         with self._ring_lock:
-            if not self._ring_tried and self.cluster is not None:
+            if not self._ring_tried:
                 self._ring_tried = True
-                self._ring = SharedRing.create()
+                distributed = require("distributed")
+                local = self.cluster if self.cluster is not None else \
+                    getattr(self.client, "cluster", None)
+                if isinstance(local, distributed.LocalCluster):
+                    self._ring = SharedRing.create()
             return self._ring
 
     @classmethod

@@ -2,8 +2,8 @@
 
 A batch sent as a task argument is pickled by the client, carried through the scheduler and
 over a socket to the worker: on one host, 64 matrices of 4 MB took 7-8x the time of the thread
-scheduler that way (H100 and H200, 2026-11-24). The workers of a cluster this runtime started
-run on this host, so a batch whose array buffers total ``SHARED_MIN_BYTES`` or more goes
+scheduler that way (H100 and H200, 2026-11-24). The workers of a ``LocalCluster`` (the
+runtime's own, or the one a caller's client was made with) run on this host, so a batch whose array buffers total ``SHARED_MIN_BYTES`` or more goes
 instead as a :class:`SharedBatch`: the rest of it pickled (protocol 5), the buffers copied
 once into a span of the cluster's :class:`SharedRing`, a POSIX shared-memory segment whose
 name travels with the task.
