@@ -232,10 +232,10 @@ def counting_shipments(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     real_ship = SharedRing.ship
 
     def ship(ring: SharedRing, batch: Any) -> Any:
-        shared = real_ship(ring, batch)
-        if shared is not None:
-            shipped.append(sum(size for _, size in shared.spans))
-        return shared
+        result = real_ship(ring, batch)
+        if result is not None:
+            shipped.append(sum(size for _, size in result[0].spans))
+        return result
 
     monkeypatch.setattr(SharedRing, "ship", ship)
     return shipped
@@ -283,6 +283,35 @@ def test_an_embedded_clusters_large_batches_travel_through_shared_memory(
     assert len(shared_segments() - segments_before) == 1  # the runtime's one ring
     veda.shutdown()
     assert shared_segments() <= segments_before  # unlinked at shutdown
+
+
+@pytest.mark.skipif(not os.path.isdir(SHM_DIRECTORY), reason="no /dev/shm")
+def test_a_span_is_reused_only_once_it_and_every_older_one_are_released(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vedart.parallel import dask_shared
+    from vedart.parallel.batch import Batch
+
+    monkeypatch.setattr(dask_shared, "RING_BYTES", 8 * SHARED_MIN_BYTES)
+    ring = SharedRing.create()
+    assert ring is not None
+    rng = np.random.default_rng(8)
+    size = 8 * SHARED_MIN_BYTES // 3 - 4096  # three batches fill the ring
+    batches = [Batch([rng.random(size // 8)], [index]) for index in range(4)]
+    try:
+        shipped = [ring.ship(batch) for batch in batches[:3]]
+        assert all(result is not None for result in shipped)
+        assert ring.ship(batches[3]) is None  # full: that batch goes as a task argument
+        first, second = shipped[0], shipped[1]
+        assert first is not None and second is not None
+        ring.release(second[1])  # a pipeline that finished first: its span stays held...
+        assert ring.ship(batches[3]) is None
+        np.testing.assert_array_equal(first[0].load().items[0], batches[0].items[0])
+        ring.release(first[1])  # ...until every older span is released
+        fourth = ring.ship(batches[3])
+        assert fourth is not None
+        np.testing.assert_array_equal(fourth[0].load().items[0], batches[3].items[0])
+    finally:
+        ring.close()
 
 
 @pytest.mark.parametrize("by_address", [False, True])

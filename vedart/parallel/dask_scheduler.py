@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import import_module
@@ -88,6 +89,11 @@ def embedded_cluster(config: Config, gpus: int) -> Any:
                                     dashboard_address=":0")
 
 
+# One shared-memory ring per LocalCluster, for every runtime that uses it.
+_rings: weakref.WeakKeyDictionary[Any, SharedRing | None] = weakref.WeakKeyDictionary()
+_rings_lock = threading.Lock()
+
+
 class DaskCluster:
     """The runtime's Dask client, the cluster it started (None when it uses the caller's
     client or an address), and the worker plugin that gives each worker its runtime."""
@@ -97,24 +103,23 @@ class DaskCluster:
         self.cluster = cluster
         self._owns_client = owns_client
         self._timeout = timeout
-        self._ring: SharedRing | None = None
-        self._ring_tried = False
-        self._ring_lock = threading.Lock()
 
     def shared_ring(self) -> SharedRing | None:
-        """The ring batches reach a cluster of this host through (made on first use): the
-        runtime's own, or a ``LocalCluster`` the caller's client was made with. None for a
-        cluster reached by address, whose workers may be on other hosts, or where shared
-        memory is short (:mod:`.dask_shared`)."""
-        with self._ring_lock:
-            if not self._ring_tried:
-                self._ring_tried = True
-                distributed = require("distributed")
-                local = self.cluster if self.cluster is not None else \
-                    getattr(self.client, "cluster", None)
-                if isinstance(local, distributed.LocalCluster):
-                    self._ring = SharedRing.create()
-            return self._ring
+        """The ring batches reach a cluster of this host through: the runtime's own, or a
+        ``LocalCluster`` the caller's client was made with (one ring per cluster, made on first
+        use and closed with the cluster). None for a cluster reached by address, whose workers
+        may be on other hosts, or where shared memory is short (:mod:`.dask_shared`)."""
+        distributed = require("distributed")
+        local = self.cluster if self.cluster is not None else getattr(self.client, "cluster",
+                                                                        None)
+        if not isinstance(local, distributed.LocalCluster):
+            return None
+        with _rings_lock:
+            if local not in _rings:
+                ring = _rings[local] = SharedRing.create()
+                if ring is not None:
+                    weakref.finalize(local, ring.close)
+            return _rings[local]
 
     @classmethod
     def start(cls, config: Config, gpus: int) -> DaskCluster:
@@ -231,11 +236,11 @@ class DaskCluster:
             self.client.close(timeout=self._timeout)
             if self.cluster is not None:
                 self.cluster.close()
+            with _rings_lock:
+                ring = _rings.pop(self.cluster, None) if self.cluster is not None else None
+            if ring is not None:
+                ring.close()
             self._owns_client, self.cluster = False, None
-        with self._ring_lock:
-            ring, self._ring = self._ring, None
-        if ring is not None:
-            ring.close()
         elif self.client.status == "running":
             try:
                 self.client.unregister_worker_plugin(PLUGIN_NAME)
@@ -245,12 +250,13 @@ class DaskCluster:
 
 @dataclass
 class _Submitted:
-    """A task in flight, the batch it was given and the ring it went through (None: as a
-    task argument), whose span :meth:`release` frees once."""
+    """A task in flight, the batch it was given and, when that went through shared memory,
+    the ring and ticket of its span, which :meth:`release` releases once."""
 
     future: Any
     batch: Batch
     ring: SharedRing | None = None
+    ticket: int = -1
 
     def cancel(self) -> None:
         self.future.cancel()
@@ -259,7 +265,7 @@ class _Submitted:
     def release(self) -> None:
         ring, self.ring = self.ring, None
         if ring is not None:
-            ring.release()
+            ring.release(self.ticket)
 
 
 class DaskReader(BatchwiseReader[_Submitted]):
@@ -279,11 +285,14 @@ class DaskReader(BatchwiseReader[_Submitted]):
     def _start(self, batch: Batch) -> _Submitted:
         check_batch(batch, self._stage)
         ring = self._cluster.shared_ring()
-        shared = None if ring is None else ring.ship(batch)
-        future = self._cluster.client.submit(run_batch, self._steps,
-                                             batch if shared is None else shared,
-                                             self._forced, pure=False)
-        return _Submitted(future, batch, None if shared is None else ring)
+        shipped = None if ring is None else ring.ship(batch)
+        if shipped is None:
+            return _Submitted(self._cluster.client.submit(run_batch, self._steps, batch,
+                                                          self._forced, pure=False), batch)
+        shared, ticket = shipped
+        future = self._cluster.client.submit(run_batch, self._steps, shared, self._forced,
+                                             pure=False)
+        return _Submitted(future, batch, ring, ticket)
 
     def _await(self, task: _Submitted) -> Batch:
         try:

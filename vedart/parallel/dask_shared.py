@@ -8,12 +8,12 @@ instead as a :class:`SharedBatch`: the rest of it pickled (protocol 5), the buff
 once into a span of the cluster's :class:`SharedRing`, a POSIX shared-memory segment whose
 name travels with the task.
 
-The ring is one segment for the runtime's life, its spans handed out in order and released
-oldest first: the client releases a batch's span when its task's result has arrived, failed
-or was cancelled, which happens in the order the batches were sent (results are taken in input
-order). A fresh segment per batch cost more than the copy itself: writing 96 MB into new
-shared pages took about 80 ms (page faults), against ~10 ms into pages already there (H100,
-2026-11-24). A task Dask re-runs after its worker died finds its span unchanged. The worker
+The ring is one segment per cluster for as long as the cluster lives (runtimes made with the
+same client share it), its spans handed out in order: the client releases a batch's span when
+its task's result has arrived, failed or was cancelled, and a span is reused once it and every
+older one are released. A fresh segment per batch cost more than the copy itself: writing
+96 MB into new shared pages took about 80 ms (page faults), against ~10 ms into pages already
+there (H100, 2026-11-24). A task Dask re-runs after its worker died finds its span unchanged. The worker
 maps the segment once and rebuilds the items around views of it (no copy); a result that is a
 view of its item is pickled back when the task ends, before the span can be reused.
 
@@ -26,10 +26,11 @@ sent as before. No ring is made where ``/dev/shm`` is missing or has less than t
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
 
@@ -84,13 +85,18 @@ def _mapping(name: str) -> memoryview:
 
 
 class SharedRing:
-    """The client's ring for one embedded cluster (see the module docstring). Thread-safe."""
+    """The client's ring for one cluster (see the module docstring). Thread-safe: pipelines
+    running at once share it, each releasing its own spans; a span is freed once it and every
+    span shipped before it are released."""
 
     def __init__(self, memory: SharedMemory) -> None:
         self._memory: SharedMemory | None = memory
         self._bytes: np.ndarray | None = np.ndarray((memory.size,), np.uint8, memory.buf)
         self._ring = ByteRing(memory.size)
         self._lock = threading.Lock()
+        self._tickets = itertools.count()
+        self._held: deque[int] = deque()  # tickets of the spans in the ring, oldest first
+        self._released: set[int] = set()  # tickets released while an older one is held
 
     @classmethod
     def create(cls) -> SharedRing | None:
@@ -100,9 +106,9 @@ class SharedRing:
             return None
         return cls(SharedMemory(create=True, size=RING_BYTES))
 
-    def ship(self, batch: Batch) -> SharedBatch | None:
-        """``batch`` copied into the next span, or None when it goes as a task argument; the
-        caller :meth:`release`\\ s each shipped batch's span, in shipping order."""
+    def ship(self, batch: Batch) -> tuple[SharedBatch, int] | None:
+        """``batch`` copied into the next span and the ticket to :meth:`release` it with once
+        its task is over, or None when it goes as a task argument."""
         encoded = encode_for_worker(batch)  # None: it does not pickle, or it names __main__
         if encoded is None:
             return None
@@ -116,13 +122,17 @@ class SharedRing:
             offset = self._ring.allocate(size)
             if offset is None:
                 return None
+            ticket = next(self._tickets)
+            self._held.append(ticket)
         spans = write_buffers(ring, offset, buffers)  # outside the lock: the span is ours
-        return SharedBatch(memory.name, meta, spans)
+        return SharedBatch(memory.name, meta, spans), ticket
 
-    def release(self) -> None:
-        """Free the oldest shipped batch's span (nothing once closed)."""
+    def release(self, ticket: int) -> None:
+        """Release the span of ``ticket``; free every released span at the ring's oldest end."""
         with self._lock:
-            if self._ring.in_use:
+            self._released.add(ticket)
+            while self._held and self._held[0] in self._released:
+                self._released.discard(self._held.popleft())
                 self._ring.release()
 
     def close(self) -> None:
