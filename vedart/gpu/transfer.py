@@ -586,7 +586,8 @@ class TransferEngine:
                 cupy.cuda.runtime.hostUnregister(address)
 
 
-def _engine() -> TransferEngine | None:
+def current_engine() -> TransferEngine | None:
+    """The current runtime's transfer engine, or None without a usable GPU."""
     runtime = lifecycle.current
     gpu = None if runtime is None else runtime.gpu
     return gpu.transfers if gpu is not None and gpu.is_available() else None
@@ -596,7 +597,7 @@ def to_device(array: np.ndarray) -> Any:
     """A CuPy copy of ``array`` on the current device (through the current runtime's engine;
     a plain ``cupy.asarray`` when no runtime manages a GPU). The caller's array is never
     modified."""
-    engine = _engine()
+    engine = current_engine()
     if engine is not None:
         return engine.to_device(array)
     import cupy
@@ -610,7 +611,7 @@ def staging_loop_loading(host_bytes: int, within_s: float) -> bool:
     runtime's staging loop was loading (:meth:`LoopLoader.loading_within`; calls below the
     staging cutoff never use the loop). Such a time is no measure of the GPU path: the adaptive
     model does not learn it. False when no runtime manages a GPU."""
-    engine = _engine()
+    engine = current_engine()
     return (engine is not None and host_bytes >= engine.tuning.pool_from
             and engine.loop.loading_within(within_s))
 
@@ -618,7 +619,7 @@ def staging_loop_loading(host_bytes: int, within_s: float) -> bool:
 def upload(value: Staged | np.ndarray) -> Any:
     """:meth:`TransferEngine.upload` through the current runtime's engine (a plain copy when
     no runtime manages a GPU)."""
-    engine = _engine()
+    engine = current_engine()
     if engine is not None:
         return engine.upload(value)
     return to_device(value.pinned if isinstance(value, Staged) else value)
@@ -626,5 +627,5 @@ def upload(value: Staged | np.ndarray) -> Any:
 
 def to_host(array: Any) -> np.ndarray:
     """A NumPy copy of the CuPy ``array`` (synchronous with the current stream)."""
-    engine = _engine()
+    engine = current_engine()
     return array.get() if engine is None else engine.to_host(array)

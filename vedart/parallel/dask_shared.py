@@ -13,9 +13,10 @@ same client share it), its spans handed out in order: the client releases a batc
 its task's result has arrived, failed or was cancelled, and a span is reused once it and every
 older one are released. A fresh segment per batch cost more than the copy itself: writing
 96 MB into new shared pages took about 80 ms (page faults), against ~10 ms into pages already
-there (H100, 2026-11-24). A task Dask re-runs after its worker died finds its span unchanged. The worker
-maps the segment once and rebuilds the items around views of it (no copy); a result that is a
-view of its item is pickled back when the task ends, before the span can be reused.
+there (H100, 2026-11-24). A task Dask re-runs after its worker died finds its span unchanged.
+The worker maps the segment once (page-locked where it has a GPU) and rebuilds the items around
+views of it (no copy); a result that is a view of its item is pickled back when the task ends,
+before the span can be reused.
 
 A batch that does not pickle with the standard pickler (a lambda among its items) or names
 something of the caller's ``__main__`` (which cloudpickle sends by value and the standard
@@ -30,6 +31,7 @@ import itertools
 import mmap
 import os
 import threading
+import weakref
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,9 +39,11 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
+from vedart.gpu.transfer import TransferEngine, current_engine
 from vedart.parallel.batch import Batch
 from vedart.parallel.byte_ring import ByteRing, aligned
 from vedart.parallel.device_workers import (
+    buffer_address,
     decode,
     encode_for_worker,
     payload_bytes,
@@ -54,6 +58,8 @@ MAPPED_RINGS = 4             # segments a worker keeps mapped (one per cluster t
 COPY_THREADS = 4             # threads copying a batch's buffers into the ring
 
 _mapped: OrderedDict[str, memoryview] = OrderedDict()  # in a worker: ring name -> its mapping
+# In a worker: ring name -> the transfer engine that page-locked it (it unlocks at its close).
+_registered_by: weakref.WeakValueDictionary[str, TransferEngine] = weakref.WeakValueDictionary()
 _mapped_lock = threading.Lock()
 
 
@@ -73,8 +79,10 @@ class SharedBatch:
 
 
 def _mapping(name: str) -> memoryview:
-    """Segment ``name`` mapped into this process, once; the oldest of more than
-    ``MAPPED_RINGS`` is dropped (unmapped when no array views it any more)."""
+    """Segment ``name`` mapped into this process, once, and page-locked by the current
+    runtime's transfer engine, if it has a GPU, so that items go to the device in one copy
+    each, never staged; the oldest of more than ``MAPPED_RINGS`` is dropped (unmapped when no
+    array views it any more)."""
     with _mapped_lock:
         view = _mapped.get(name)
         if view is None:
@@ -83,6 +91,12 @@ def _mapping(name: str) -> memoryview:
             while len(_mapped) > MAPPED_RINGS:
                 _mapped.popitem(last=False)
         _mapped.move_to_end(name)
+        engine = current_engine()
+        if engine is not None and _registered_by.get(name) is not engine:
+            # The client writes a span again only after the task that read it has returned,
+            # when its uploads are done (as the engine requires of registered memory).
+            engine.register_host(buffer_address(view), len(view))
+            _registered_by[name] = engine
         return view
 
 

@@ -203,7 +203,7 @@ def worker_main(handle: int, gpu_map_batches: GpuMapBatches) -> None:
         runtime = lifecycle.init(config)
         if runtime.gpu:
             assert runtime.gpu.transfers is not None
-            runtime.gpu.transfers.register_host(_address(ring.buf), ring.size)
+            runtime.gpu.transfers.register_host(buffer_address(ring.buf), ring.size)
     except BaseException as error:  # noqa: BLE001  # reported to the parent, which falls back
         conn.send(("failed", f"{type(error).__name__}: {error}"))
         return
@@ -241,7 +241,8 @@ def worker_main(handle: int, gpu_map_batches: GpuMapBatches) -> None:
             pass
 
 
-def _address(view: memoryview) -> int:
+def buffer_address(view: memoryview) -> int:
+    """The address of the first byte of writable ``view``."""
     import ctypes
 
     anchor = ctypes.c_char.from_buffer(view)  # dropped on return, releasing the buffer
