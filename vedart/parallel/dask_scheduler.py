@@ -40,7 +40,7 @@ from vedart.parallel.device_workers import visible_device
 from vedart.parallel.dask_payload import check_batch, encode_steps, failed_batch, run_batch
 from vedart.parallel.dask_shared import SharedRing
 from vedart.parallel.elementwise import Step
-from vedart.parallel.scheduler import BatchwiseReader, ChunkPolicy
+from vedart.parallel.scheduler import ChunkPolicy, WindowedReader
 from vedart.telemetry import Telemetry
 
 DASK_TASK_SECONDS = 0.05    # a Dask task costs about a millisecond of scheduling and transfer
@@ -268,31 +268,55 @@ class _Submitted:
             ring.release(self.ticket)
 
 
-class DaskReader(BatchwiseReader[_Submitted]):
+class DaskReader(WindowedReader[_Submitted]):
     """Runs a fused chain of ``steps`` over upstream batches as Dask tasks (see the module
-    docstring); ParIterError at construction when a function cannot be pickled."""
+    docstring); ParIterError at construction when a function cannot be pickled.
+
+    The window is refilled once at least one task per worker thread has room, all those tasks
+    in one submission: the scheduler's work per submission, beside this process's own, held
+    the GIL-bound map of ``bench dask`` to 3.9x on 8 workers where one ``client.map`` of the
+    same batches reached 6.7x (H100, 2026-11-24)."""
 
     def __init__(self, upstream: Reader, steps: Sequence[Step], cluster: DaskCluster,
                  chunks: ChunkPolicy, telemetry: Telemetry) -> None:
         payload = encode_steps(steps)
-        super().__init__(upstream, DASK_WINDOW_PER_THREAD * cluster.threads(), chunks)
+        threads = cluster.threads()
+        super().__init__(upstream, DASK_WINDOW_PER_THREAD * threads)
+        self._chunks = chunks
+        self._refill_at = threads
         self._steps = payload
         self._stage = ", ".join(step.label for step in steps)
         self._cluster = cluster
         self._telemetry = telemetry
         self._forced = forced_path.get()
 
-    def _start(self, batch: Batch) -> _Submitted:
-        check_batch(batch, self._stage)
+    def _fill(self) -> None:
+        if self._tasks and self._window - len(self._tasks) < self._refill_at:
+            return
+        batches: list[Batch] = []
+        try:
+            while len(self._tasks) + len(batches) < self._window:
+                batch = self._upstream.read(self._chunks.size)
+                if batch is None:
+                    self._ended = True
+                    return
+                check_batch(batch, self._stage)
+                batches.append(batch)
+        finally:  # the batches read before a failing one still run
+            self._submit(batches)
+
+    def _submit(self, batches: list[Batch]) -> None:
+        if not batches:
+            return
         ring = self._cluster.shared_ring()
-        shipped = None if ring is None else ring.ship(batch)
-        if shipped is None:
-            return _Submitted(self._cluster.client.submit(run_batch, self._steps, batch,
-                                                          self._forced, pure=False), batch)
-        shared, ticket = shipped
-        future = self._cluster.client.submit(run_batch, self._steps, shared, self._forced,
-                                             pure=False)
-        return _Submitted(future, batch, ring, ticket)
+        shipped = [None if ring is None else ring.ship(batch) for batch in batches]
+        payloads = [batch if ship is None else ship[0] for batch, ship in zip(batches, shipped)]
+        count = len(batches)
+        futures = self._cluster.client.map(run_batch, [self._steps] * count, payloads,
+                                           [self._forced] * count, pure=False)
+        for future, batch, ship in zip(futures, batches, shipped):
+            self._push(_Submitted(future, batch) if ship is None
+                       else _Submitted(future, batch, ring, ship[1]))
 
     def _await(self, task: _Submitted) -> Batch:
         try:
