@@ -8,12 +8,13 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fakes import FakeProbe
 
 import vedart as veda
 from vedart import calibrate
-from vedart.bench import ops, overhead, transfer_cold
+from vedart.bench import helpers, ops, overhead, transfer_cold, workloads
 from vedart.bench.harness import interleaved_medians, interleaved_samples, round_orders
 from vedart.bench.transfer import _targets_met
 from vedart.cli import main
@@ -152,7 +153,8 @@ def test_export_json_schema(tmp_path: Path) -> None:
     assert {"functions", "recent"} <= set(data)
     assert set(data["functions"][0]) == {
         "function", "calls", "cpu_calls", "gpu_calls", "fallback_calls", "mean_seconds_gpu",
-        "bytes_to_device", "bytes_to_host", "transfer_gb_per_s", "last_path", "last_reason"}
+        "bytes_to_device", "bytes_to_host", "transfer_gb_per_s", "last_path", "last_reason",
+        "helpers"}
 
 
 def test_round_orders_let_each_run_follow_each_other_equally_often() -> None:
@@ -188,3 +190,19 @@ def test_transfer_targets_treat_the_baseline_call_itself_as_met() -> None:
     large = {"size_mb": 64, "h2d_same_call_as_baseline": False, "h2d_x_baseline": 3.2,
              "h2d_of_peak": 0.45, "d2h_x_baseline": 15.0, "d2h_of_peak": 0.97}
     assert not _targets_met(large) and _targets_met({**large, "h2d_of_peak": 0.6})
+
+
+def test_helpers_suite_checks_results_and_says_what_it_cannot_time_without_a_gpu() -> None:
+    result = helpers.run(quick=True)
+    assert [row["case"] for row in result["rows"]] == ["fit_and_predict", "naive_spectrum",
+                                                       "correlation"]
+    assert all(row["numpy_s"] > 0 and row["forced_path"] == "cpu" for row in result["rows"])
+    assert result["meets_target"] is None
+    assert helpers.format_table(result).endswith("no GPU: CuPy columns n/a")
+
+
+def test_the_hand_port_of_the_workloads_runs_their_source_on_another_module() -> None:
+    ported = helpers.hand_port("numpy")  # NumPy in CuPy's place: the same answer
+    x = np.random.default_rng(3).random((50, 4))
+    np.testing.assert_allclose(ported.correlation(x), workloads.correlation(x))
+    assert ported.correlation is not workloads.correlation

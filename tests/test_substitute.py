@@ -235,3 +235,12 @@ def test_cupy_linalg_runs_raising_what_cusolver_reports(monkeypatch: pytest.Monk
     device_clone(inverse, ModuleMapper({"numpy": "cupy"}))(np.eye(2))
     assert modes == ["raise"]
     assert cupyx._ufunc_config.get_config_linalg() == "ignore"  # only inside the call
+
+
+def test_an_empty_input_of_a_rejected_dtype_raises_what_numpy_raises_for_its_size() -> None:
+    func = lambda x: np.fft.rfft(x)  # noqa: E731
+    empty = np.array([], dtype=np.complex64)
+    with pytest.raises(ValueError, match="Invalid number of FFT data points"):
+        func(empty)
+    with pytest.raises(ValueError, match="Invalid number of FFT data points"):
+        device_clone(func, IDENTITY)(empty)

@@ -17,8 +17,10 @@ from vedart.lifecycle import get_runtime
 from vedart.runtime import Runtime
 
 # bench suites: name -> module in vedart.bench with run(quick) -> dict and format_table(dict).
-BENCH_SUITES = ("ops", "overhead", "matmul", "transfer", "par_iter", "kernels", "dask")
-QUICK_BENCHMARKS = ("overhead", "matmul", "transfer", "par_iter", "kernels", "ops", "dask")  # tools/gpu-check.sh, --quick
+BENCH_SUITES = ("ops", "overhead", "matmul", "transfer", "par_iter", "kernels", "dask",
+                "helpers")
+QUICK_BENCHMARKS = ("overhead", "matmul", "transfer", "par_iter", "kernels", "ops", "dask",
+                    "helpers")  # tools/gpu-check.sh, --quick
 
 def _device_rows(runtime: Runtime) -> list[dict[str, Any]]:
     assert runtime.gpu is not None

@@ -61,8 +61,8 @@ class FunctionStats:
     """Aggregates of one function. Counters are exact under concurrent calls: the fast path
     counts with ``itertools.count`` (atomic in CPython), the slow path under a lock."""
 
-    __slots__ = ("name", "threshold", "below_rule", "fast_cpu_calls", "last", "_lock", "_calls",
-                 "_bytes", "_seconds")
+    __slots__ = ("name", "threshold", "below_rule", "fast_cpu_calls", "last", "helpers",
+                 "_lock", "_calls", "_bytes", "_seconds")
 
     def __init__(self, name: str, threshold: int = 0) -> None:
         self.name = name
@@ -72,6 +72,8 @@ class FunctionStats:
         # The last decision: a CallRecord, a fixed fast-path reason, or the host bytes of a
         # below-threshold fast-path call (formatted only when read).
         self.last: CallRecord | str | int | None = None
+        # Helper functions and classes its GPU calls ran as device clones (qualified names).
+        self.helpers: tuple[str, ...] = ()
         self._lock = threading.Lock()
         self._calls = dict.fromkeys(PATHS, 0)
         self._bytes = {"to_device": 0, "to_host": 0}
@@ -141,6 +143,7 @@ class FunctionStats:
             "transfer_gb_per_s": moved_bytes / moved_seconds / 1e9 if moved_seconds else None,
             "last_path": None if last is None else last[0],
             "last_reason": None if last is None else last[1],
+            "helpers": list(self.helpers),
         }
 
 
@@ -299,6 +302,10 @@ class Telemetry:
                 f"{mean['to_host'] * 1e3:>10.3f} {moved:>9} {rate:>6}  "
                 f"{row['last_path']}: {row['last_reason']}"
             )
+        reached = [f"  {row['function']}: {', '.join(row['helpers'])}" for row in rows
+                   if row.get("helpers")]
+        if reached:
+            lines += ["", "helpers run as device clones:", *reached]
         return "\n".join(lines) + self._worker_table() + self._kernel_table()
 
     def _worker_table(self) -> str:

@@ -76,18 +76,32 @@ def iter_arrays(value: Any, array_type: type, depth: int) -> Iterator[Any]:
             yield from iter_arrays(item, array_type, depth - 1)
 
 
+# Set on the device class :mod:`vedart.offload.substitute` makes of a user's class: the class
+# it stands for, which its objects get back when they leave a @gpu call.
+HOST_CLASS = "__vedart_host_class__"
+
+
 def is_record(value: Any) -> bool:
-    """Whether ``value`` is a dataclass object or a ``types.SimpleNamespace``: objects made
-    to hold named values, which results are converted inside."""
-    return type(value) is types.SimpleNamespace or \
+    """Whether ``value`` is a dataclass object, a ``types.SimpleNamespace`` or an object of a
+    device class (made during a @gpu call): objects holding named values, which results are
+    converted inside."""
+    return type(value) is types.SimpleNamespace or hasattr(type(value), HOST_CLASS) or \
         (dataclasses.is_dataclass(value) and not isinstance(value, type))
 
 
 def record_fields(record: Any) -> dict[str, Any]:
     """The named values of a record (see :func:`is_record`)."""
-    if type(record) is types.SimpleNamespace:
+    if type(record) is types.SimpleNamespace or hasattr(type(record), HOST_CLASS):
         return dict(vars(record))
     return {item.name: getattr(record, item.name) for item in dataclasses.fields(record)}
+
+
+def to_host_class(record: Any) -> Any:
+    """``record``, an object of a device class given back its host class (in place)."""
+    host = getattr(type(record), HOST_CLASS, None)
+    if host is not None:
+        record.__class__ = host
+    return record
 
 
 def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
@@ -106,11 +120,11 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
         converted_fields = {name: map_arrays(item, array_type, convert, depth - 1,
                                              records=True) for name, item in fields.items()}
         if all(map(operator.is_, converted_fields.values(), fields.values())):
-            return value
+            return to_host_class(value)
         rebuilt = copy.copy(value)
         for name, item in converted_fields.items():
             object.__setattr__(rebuilt, name, item)  # a frozen dataclass too
-        return rebuilt
+        return to_host_class(rebuilt)
     if not isinstance(value, _CONTAINERS) or not value:
         return value
     if type(value) is dict or isinstance(value, dict):

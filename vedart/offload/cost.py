@@ -35,7 +35,9 @@ class Decision:
     ``model`` is the cost model that chose ("static" or "adaptive"); ``free_bytes`` is the
     chosen device's free memory as read for this decision (None when none was read);
     ``timed``: whether the adaptive model learns from this call's time (it explores or
-    re-checks; a settled call is neither timed nor learned from)."""
+    re-checks; a settled call is neither timed nor learned from); ``helpers``, from
+    ``explain()``: the helper functions and classes the function's GPU calls ran as device
+    clones so far."""
 
     path: str
     reason: str
@@ -44,14 +46,15 @@ class Decision:
     model: str = "static"
     free_bytes: int | None = None
     timed: bool = True
+    helpers: tuple[str, ...] = ()
 
     # Every call past the fast path makes one: the generated frozen __init__ (a guarded
     # attribute set per field) took 0.9 us of the model's 2.2 us bookkeeping on a settled call.
     def __init__(self, path: str, reason: str, device: int | None = None, refused: bool = False,
-                 model: str = "static", free_bytes: int | None = None, timed: bool = True
-                 ) -> None:
+                 model: str = "static", free_bytes: int | None = None, timed: bool = True,
+                 helpers: tuple[str, ...] = ()) -> None:
         self.__dict__.update(path=path, reason=reason, device=device, refused=refused,
-                             model=model, free_bytes=free_bytes, timed=timed)
+                             model=model, free_bytes=free_bytes, timed=timed, helpers=helpers)
 
     @property
     def learned(self) -> bool:

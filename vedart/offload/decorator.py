@@ -62,7 +62,13 @@ from vedart.offload.results import (
     results_to_host,
     unconverted_paths,
 )
-from vedart.offload.substitute import DEVICE_PACKAGES, ModuleMapper, device_clone
+from vedart.offload.substitute import (
+    DEVICE_PACKAGES,
+    ModuleMapper,
+    Reach,
+    device_clone,
+    helper_of,
+)
 from vedart.telemetry import CallRecord, FunctionStats
 
 if TYPE_CHECKING:
@@ -94,10 +100,11 @@ class OffloadOptions:
     writes: tuple[str, ...] = ()
     returns: str = "host"
     idempotent: bool = True
+    reach: bool = True
 
     @staticmethod
     def validated(device: Any, threshold: Any, force: Any, fallback: Any, writes: Any,
-                  returns: Any, idempotent: Any = True) -> OffloadOptions:
+                  returns: Any, idempotent: Any = True, reach: Any = True) -> OffloadOptions:
         if device is not None and (isinstance(device, bool) or not isinstance(device, int)
                                    or device < 0):
             raise ConfigError(f"device: got {device!r}; allowed: None or a CUDA ordinal >= 0")
@@ -112,8 +119,12 @@ class OffloadOptions:
             raise ConfigError(f"returns: got {returns!r}; allowed: 'host' or 'device'")
         if not isinstance(idempotent, bool):
             raise ConfigError(f"idempotent: got {idempotent!r}; allowed: True or False")
+        if not isinstance(reach, bool):
+            raise ConfigError(f"reach: got {reach!r}; allowed: True (helper functions and "
+                              "classes the function calls run on the device too) or False "
+                              "(its own code only)")
         return OffloadOptions(device, threshold, check_path("force", force), fallback,
-                              tuple(writes), returns, idempotent)
+                              tuple(writes), returns, idempotent, reach)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +187,7 @@ class _Offload:
         self._floor_revision = -1  # the model revision plan.cutoff was derived at
         self.plan = _Plan(runtime=_NEVER_CURRENT)
         self._clone: Callable[..., Any] | None = None
+        self.reach: Reach | None = None  # the helpers its clone reaches, once it is made
         self._heavy_suspect: int | None = None  # the fast-path call a possible stall was seen at
         self.positional_names = _positional_names(func)
         # Argument signatures whose GPU attempt failed where the CPU re-run succeeded, with
@@ -278,10 +290,14 @@ class _Offload:
 
     def explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Decision:
         """The decision a call with these arguments would get now; nothing runs and nothing
-        is counted (the adaptive model's re-check interval counts calls)."""
+        is counted (the adaptive model's re-check interval counts calls). A GPU decision
+        names the helpers earlier GPU calls ran as device clones (``helpers``)."""
         plan = self.current_plan()
-        return self.decide(plan, scan(args, kwargs, plan.device_type, self.positional_names),
-                           args, kwargs, peek=True)
+        decision = self.decide(plan, scan(args, kwargs, plan.device_type,
+                                          self.positional_names), args, kwargs, peek=True)
+        if decision.path == "gpu" and self.reach is not None and self.reach.names:
+            decision = replace(decision, helpers=self.reach.names)
+        return decision
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Decide one call the fast path did not settle, and run it."""
@@ -368,7 +384,9 @@ class _Offload:
 
     def _device_function(self) -> Callable[..., Any]:
         if self._clone is None:
-            self._clone = device_clone(self.func, _device_mapper())
+            mapper = _device_mapper()
+            self.reach = Reach.of(self.func, mapper) if self.options.reach else None
+            self._clone = device_clone(self.func, mapper, self.reach)
         return self._clone
 
     def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Launch:
@@ -581,8 +599,11 @@ class PlannedCall:
             return self._recover(failure, landing)
         offload.learn(runtime, decision, self.facts,
                       self._own_seconds + time.perf_counter() - landing)
-        if self._plan.stats is not None:
+        stats = self._plan.stats
+        if stats is not None:
             runtime.telemetry.record(record)
+            if offload.reach is not None:
+                stats.helpers = offload.reach.names
         return result
 
     def _recover(self, error: Exception, landing: float) -> Any:
@@ -591,6 +612,8 @@ class PlannedCall:
         with ``fallback="raise"`` or ``idempotent=False`` raise instead."""
         offload, decision = self._offload, self.decision
         summary = failure_summary(error)
+        helper = helper_of(error)
+        where = "" if helper is None else f" in helper {helper}"
         if self._fallback == "raise" or not offload.options.idempotent:
             if not is_gpu_failure(error):
                 raise error
@@ -598,8 +621,8 @@ class PlannedCall:
                    "not re-run on the CPU: @gpu(idempotent=False) says the function must not "
                    "run twice, and the failed attempt may have done part of its work")
             raise OffloadError(f"{offload.name}: GPU execution failed on device "
-                               f"{decision.device} ({summary}); {why}") from error
-        reason = f"GPU failed ({summary}); re-ran on CPU"
+                               f"{decision.device}{where} ({summary}); {why}") from error
+        reason = f"GPU failed{where} ({summary}); re-ran on CPU"
         kind, remember = type(error).__name__, not depends_on_the_moment(error)
         # The failed attempt's frames hold its device and staged inputs; an exception of the
         # re-run would keep them alive through this frame.
@@ -655,13 +678,14 @@ def gpu(func: F, /) -> F: ...
 @overload
 def gpu(*, device: int | None = None, threshold: int | str | None = None,
         force: str | None = None, fallback: str | None = None, writes: Iterable[str] = (),
-        returns: str = "host", idempotent: bool = True) -> Callable[[F], F]: ...
+        returns: str = "host", idempotent: bool = True, reach: bool = True
+        ) -> Callable[[F], F]: ...
 
 
 def gpu(func: Callable[..., Any] | None = None, /, *, device: int | None = None,
         threshold: int | str | None = None, force: str | None = None,
         fallback: str | None = None, writes: Iterable[str] = (),
-        returns: str = "host", idempotent: bool = True) -> Any:
+        returns: str = "host", idempotent: bool = True, reach: bool = True) -> Any:
     """Run ``func`` on the GPU when the cost model says it pays, else on the CPU as written.
 
     Options (validated at decoration; a bad value raises ConfigError naming the option):
@@ -675,13 +699,16 @@ def gpu(func: Callable[..., Any] | None = None, /, *, device: int | None = None,
       returns: "host" (NumPy results) or "device" (CuPy arrays kept on the device).
       idempotent: False for a function that must not run twice (it appends to a file, sends a
         message): a GPU failure then raises OffloadError instead of re-running on the CPU.
+      reach: True (default): on the GPU path, the helper functions and classes the function
+        calls (from its own package, or from modules that use NumPy or SciPy) run with the
+        device namespace too (docs/offload.md); False: only the function's own code does.
 
     The wrapper keeps the function's name, docstring, signature and ``__wrapped__``; binds as a
     method; is safe to call from many threads; pickles by reference; and has
     ``explain(*args, **kwargs)`` returning the Decision a call would get.
     """
     options = OffloadOptions.validated(device, threshold, force, fallback, writes, returns,
-                                       idempotent)
+                                       idempotent, reach)
     if func is None:
         return lambda inner: _wrap(inner, options)
     return _wrap(func, options)

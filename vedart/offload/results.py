@@ -14,8 +14,10 @@
 - Integer results carry NumPy's own type for their dtype (``numpy.int64``; CuPy's
   ``argmax`` gives ``numpy.longlong`` dtypes).
 - Tuples, lists, dicts, namedtuples, dataclass objects and SimpleNamespaces are rebuilt around
-  converted items (a shallow copy with converted fields); every other value is returned
-  unchanged, and :func:`unconverted_paths` names the device arrays left inside it.
+  converted items (a shallow copy with converted fields); so are objects of the device classes
+  substitution makes of a user's classes, which get their own class back (``type(model) is
+  LinearModel``); every other value is returned unchanged, and :func:`unconverted_paths` names
+  the device arrays left inside it.
 """
 
 from __future__ import annotations
@@ -184,8 +186,9 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
         made = host.ndim == 0 and any(value is array for array in made_arrays)
         return (host[()] if host.ndim == 0 and not made else host), value.nbytes
     found: dict[int, Any] = {}
-    map_arrays(value, device_type, lambda array: found.setdefault(id(array), array),
-               RESULT_DEPTH, records=True)
+    # The walk also gives objects of device classes their host class back (see arguments).
+    value = map_arrays(value, device_type, lambda array: found.setdefault(id(array), array),
+                       RESULT_DEPTH, records=True)
     if not found:
         return value, 0
     hosts, moved = _hosts(list(found.values()), device_type, writes)

@@ -10,8 +10,21 @@ SciPy imports. ``sys.modules``, ``builtins`` and the numpy module are never modi
 threads running NumPy code are unaffected.
 
 Rules a user can rely on:
-- Only the decorated function's own code (and functions and lambdas defined inside it) sees the
-  substituted names; functions it calls run on CuPy arrays through dispatch alone.
+- The decorated function's own code (and functions and lambdas defined inside it) sees the
+  substituted names. With a :class:`Reach` (``@veda.gpu(reach=True)``, the default) so do the
+  helpers it reaches: a global name, or an attribute of a module bound to a global name, that
+  is a plain Python function or class from the decorated function's own package (its module's
+  top-level package; ``__main__`` for a script) or from a module that binds NumPy or SciPy
+  names. A reached function runs as a clone made on first use (again when its code changes);
+  a reached class is seen as a device class, a subclass whose methods, static and class
+  methods and properties (its own and its reached bases') are clones, whose ``isinstance``
+  answers as the class's does, and whose objects get the class back when they are returned
+  (``type(model) is Model``). Reaching goes ``REACH_DEPTH`` calls deep and stops after
+  ``REACH_FUNCTIONS`` functions; it never reaches vedart, CuPy, Numba or Dask code, exception
+  and enum classes, classes of other metaclasses than ``type`` and ``abc.ABCMeta``, or classes
+  whose subclassing runs code (``__init_subclass__``). Everything else, and everything without
+  a Reach, runs on CuPy arrays through dispatch alone. Objects made by a reached class and kept
+  somewhere other than the result (a global list) stay objects of the device class.
 - A name whose device twin lacks an attribute falls back to the NumPy attribute (then dispatch,
   or a GPU failure that re-runs the call on the CPU).
 - A function that assigns or deletes module globals (``global x; x = ...``) is not cloned; it
@@ -24,16 +37,21 @@ Rules a user can rely on:
 
 from __future__ import annotations
 
+import abc
 import builtins
 import dis
+import enum
 import functools
 import importlib
+import sys
+import threading
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy
 
+from vedart.offload.arguments import HOST_CLASS
 from vedart.offload.results import (
     ARRAY_KEEPERS,
     ARRAY_MAKERS,
@@ -44,6 +62,20 @@ from vedart.offload.results import (
 # Host package -> the package that holds its device twins (``scipy.ndimage`` -> ``cupyx.scipy.ndimage``).
 DEVICE_PACKAGES: dict[str, str] = {"numpy": "cupy", "scipy": "cupyx.scipy"}
 _GLOBAL_WRITES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
+REACH_DEPTH = 8        # calls below the decorated function whose helpers still run as clones
+REACH_FUNCTIONS = 128  # helper functions one decorated function's clone may reach in all
+# Packages whose functions are never cloned: device twins come from the mapper, and the rest
+# is machinery that must run as written.
+_NEVER_REACHED = frozenset({"builtins", "cupy", "cupyx", "vedart", "numba", "dask",
+                            "distributed"})
+# vedart's modules of user code (the demo, bench workloads), which are reached as any user's.
+_USER_CODE_IN_VEDART = frozenset({"vedart.demo", "vedart.bench.workloads"})
+_PLAIN_METACLASSES = (type, abc.ABCMeta)
+# What a name may be bound to for a clone to see it otherwise: a function, a class, a module.
+_REACHABLE = (types.FunctionType, type, types.ModuleType)
+# Class attributes a device class never copies from its host's classes.
+_CLASS_MACHINERY = frozenset({"__dict__", "__weakref__", "__slots__", "__module__",
+                              "__qualname__", "__doc__", HOST_CLASS})
 
 
 class ModuleMapper:
@@ -53,6 +85,8 @@ class ModuleMapper:
     def __init__(self, device_packages: Mapping[str, str]) -> None:
         self._device_packages = dict(device_packages)
         self._twins: dict[str, DeviceNamespace | None] = {}
+        self.device_roots = frozenset(device_packages) | frozenset(
+            package.partition(".")[0] for package in device_packages.values())
 
     def twin(self, host: types.ModuleType) -> DeviceNamespace | None:
         """The namespace to use for ``host`` inside a clone, or None if it has no device twin."""
@@ -216,10 +250,12 @@ def _raising_linalg_errors(device_function: Any) -> Any:
 
 
 def _stand_in(value: Any) -> Any:
-    """A small host array of ``value``'s dtype and rank, for an array; else ``value``."""
-    dtype, ndim = getattr(value, "dtype", None), getattr(value, "ndim", None)
-    if isinstance(dtype, numpy.dtype) and isinstance(ndim, int):
-        return numpy.zeros((2,) * ndim, dtype)
+    """A small host array of ``value``'s dtype and rank (two elements along each axis, none
+    along an empty one: NumPy checks an empty input's size first), for an array; else
+    ``value``."""
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if isinstance(dtype, numpy.dtype) and isinstance(shape, tuple):
+        return numpy.zeros(tuple(2 if length else 0 for length in shape), dtype)
     return value
 
 # numpy.linalg functions that return a named tuple where CuPy's return a plain one, and the
@@ -252,14 +288,203 @@ def _with_numpys_result_type(device_function: Any, host_module: str, name: str) 
 
 class _CloneGlobals(dict):  # type: ignore[type-arg]
     """Clone globals: substituted names are stored; every other name is read live from the
-    function's real module globals (CPython consults ``__missing__`` for non-exact dicts)."""
+    function's real module globals (CPython consults ``__missing__`` for non-exact dicts),
+    through ``reach`` (a helper function or class it reaches is a device clone) when given.
+    ``depth``: how many calls below the decorated function the clone runs (0: itself)."""
 
-    def __init__(self, substituted: dict[str, Any], module_globals: dict[str, Any]) -> None:
+    def __init__(self, substituted: dict[str, Any], module_globals: dict[str, Any],
+                 reach: Reach | None, depth: int) -> None:
         super().__init__(substituted)
         self._module_globals = module_globals
+        self.reach = reach
+        self.depth = depth
 
     def __missing__(self, name: str) -> Any:
-        return self._module_globals[name]
+        value = self._module_globals[name]
+        if self.reach is None or not isinstance(value, _REACHABLE):
+            return value
+        return self.reach.device_value(value, self.depth + 1)
+
+
+class _DeviceClass(type):
+    """The metaclass of device classes: instances and subclasses of the host class count as
+    theirs, so ``isinstance(model, Model)`` in a clone holds for a model made outside it."""
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, getattr(cls, HOST_CLASS))
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        return issubclass(subclass, getattr(cls, HOST_CLASS))
+
+
+class _DeviceABCClass(_DeviceClass, abc.ABCMeta):
+    """:class:`_DeviceClass` for a host class of ``abc.ABCMeta``."""
+
+
+class _ReachedModule:
+    """A user's module as a clone sees it (``import estimators as est``): its functions and
+    classes through the clone's Reach, everything else as it is."""
+
+    def __init__(self, module: types.ModuleType, reach: Reach, depth: int) -> None:
+        self.__module = module
+        self.__reach = reach
+        self.__depth = depth
+        self.__name__ = module.__name__
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.__module, name)
+        if not isinstance(value, _REACHABLE):
+            return value
+        return self.__reach.device_value(value, self.__depth)
+
+    def __repr__(self) -> str:
+        return f"<{self.__name__} as a device clone sees it>"
+
+
+class Reach:
+    """The helpers one decorated function's clone reaches (see the module docstring): their
+    device clones and device classes, made on first use, cached (a function's clone is made
+    again when its code changes), at most ``REACH_DEPTH`` calls deep and ``REACH_FUNCTIONS``
+    functions in all. ``home``: the decorated function's module, whose package is reached
+    whether or not it binds NumPy. Thread-safe."""
+
+    def __init__(self, mapper: ModuleMapper, home: str) -> None:
+        self._mapper = mapper
+        self.builtins = _hooked_builtins(mapper)
+        self._home_package = home.partition(".")[0]
+        self._lock = threading.RLock()
+        # value -> (what a clone sees for it, the code it was cloned from: None but for
+        # functions, whose clone is made again when their code changes)
+        self._known: dict[Any, tuple[Any, types.CodeType | None]] = {}
+        self._clones = 0  # helper functions cloned
+        self._binds_numpy: dict[str, bool] = {}
+        self._names: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, func: Callable[..., Any], mapper: ModuleMapper) -> Reach:
+        """The Reach of decorated callable ``func`` (of the function a bound method or a
+        ``functools.partial`` wraps), its home the module that function is defined in."""
+        target = func
+        while isinstance(target, (types.MethodType, functools.partial)):
+            target = target.__func__ if isinstance(target, types.MethodType) else target.func
+        home = getattr(target, "__module__", None)
+        return cls(mapper, home if isinstance(home, str) else "__main__")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The qualified names of the helper functions and classes that ran as clones."""
+        return self._names
+
+    def device_value(self, value: Any, depth: int) -> Any:
+        """What the name bound to ``value`` (a function, class or module) means in a clone
+        ``depth`` calls deep: the device clone of a reached function, the device class of a
+        reached class, a reached module seen through this Reach, else ``value``."""
+        known = self._known.get(value)  # without the lock: clones read globals often
+        if known is not None and (known[1] is None or known[1] is value.__code__):
+            return known[0]
+        if depth > REACH_DEPTH:
+            return value
+        with self._lock:
+            if not self._reaches(value):
+                self._known[value] = (value, None)
+                return value
+            code = None
+            if isinstance(value, types.ModuleType):
+                result: Any = _ReachedModule(value, self, depth)
+            elif isinstance(value, type):
+                result = self._device_class(value, depth)
+            else:
+                if known is None and self._clones >= REACH_FUNCTIONS:
+                    return value
+                self._clones += known is None
+                result, code = self.clone(value, depth), value.__code__
+            if not isinstance(value, types.ModuleType):
+                self._name(value)
+            self._known[value] = (result, code)
+            return result
+
+    def clone(self, func: types.FunctionType, depth: int) -> Any:
+        """``func`` run with the device namespace, reaching on from ``depth``; ``func`` itself
+        when it assigns module globals."""
+        return _clone_function(func, self._mapper, self.builtins, self, depth)
+
+    def _reaches(self, value: Any) -> bool:
+        module = value.__name__ if isinstance(value, types.ModuleType) else \
+            getattr(value, "__module__", None)
+        if not isinstance(module, str):
+            return False
+        root = module.partition(".")[0]
+        if (root in _NEVER_REACHED and module not in _USER_CODE_IN_VEDART) \
+                or root in self._mapper.device_roots:
+            return False
+        if isinstance(value, type) and (
+                type(value) not in _PLAIN_METACLASSES
+                or issubclass(value, (BaseException, enum.Enum))
+                # Subclassing it runs code of its own (a registry of subclasses, say).
+                or any("__init_subclass__" in vars(klass) for klass in value.__mro__[:-1])):
+            return False
+        return root == self._home_package or self._module_binds_numpy(module)
+
+    def _module_binds_numpy(self, name: str) -> bool:
+        known = self._binds_numpy.get(name)
+        if known is None:
+            module = sys.modules.get(name)
+            known = module is not None and any(
+                self._mapper.twin_of_value(value) is not value
+                for value in list(vars(module).values()))
+            self._binds_numpy[name] = known
+        return known
+
+    def _device_class(self, host: type, depth: int) -> type:
+        """A subclass of ``host`` whose methods (its own and its reached bases') are clones,
+        which answers ``isinstance`` as ``host`` does (objects made outside the call are
+        instances of it) and whose objects get ``host`` back as results."""
+        namespace: dict[str, Any] = {"__module__": host.__module__,
+                                     "__qualname__": host.__qualname__,
+                                     "__doc__": host.__doc__, "__slots__": (),
+                                     HOST_CLASS: host}
+        for klass in host.__mro__:
+            if klass is object or not self._reaches(klass):
+                continue
+            for name, attribute in vars(klass).items():
+                if name not in namespace and name not in _CLASS_MACHINERY:
+                    cloned = self._clone_attribute(attribute, depth)
+                    if cloned is not attribute:
+                        namespace[name] = cloned
+        metaclass = _DeviceClass if type(host) is type else _DeviceABCClass
+        return metaclass(host.__name__, (host,), namespace)
+
+    def _name(self, value: Any) -> None:
+        name = f"{value.__module__}.{value.__qualname__}"
+        if name not in self._names:
+            self._names = tuple(sorted((*self._names, name)))
+
+    def _clone_attribute(self, attribute: Any, depth: int) -> Any:
+        if type(attribute) is types.FunctionType:
+            return self.clone(attribute, depth)
+        if isinstance(attribute, (staticmethod, classmethod)) and \
+                type(attribute.__func__) is types.FunctionType:
+            return type(attribute)(self.clone(attribute.__func__, depth))
+        if type(attribute) is property:
+            parts = [None if part is None or type(part) is not types.FunctionType
+                     else self.clone(part, depth)
+                     for part in (attribute.fget, attribute.fset, attribute.fdel)]
+            return property(*parts, doc=attribute.__doc__)
+        return attribute
+
+
+def helper_of(error: BaseException) -> str | None:
+    """The qualified name of the innermost helper clone (not the decorated function's own)
+    the traceback of ``error`` passes through, or None."""
+    helper = None
+    traceback = error.__traceback__
+    while traceback is not None:
+        frame = traceback.tb_frame
+        names = frame.f_globals
+        if isinstance(names, _CloneGlobals) and names.depth > 0:
+            helper = f"{names.get('__name__', '?')}.{frame.f_code.co_qualname}"
+        traceback = traceback.tb_next
+    return helper
 
 
 def _code_objects(code: types.CodeType) -> list[types.CodeType]:
@@ -275,7 +500,8 @@ def assigns_globals(func: types.FunctionType) -> bool:
 
 
 def _clone_function(func: types.FunctionType, mapper: ModuleMapper,
-                    hooked_builtins: dict[str, Any]) -> types.FunctionType:
+                    hooked_builtins: dict[str, Any], reach: Reach | None = None,
+                    depth: int = 0) -> types.FunctionType:
     if assigns_globals(func):
         return func
     module_globals = func.__globals__
@@ -289,7 +515,8 @@ def _clone_function(func: types.FunctionType, mapper: ModuleMapper,
     for key in ("__name__", "__package__", "__spec__", "__file__"):
         if key in module_globals:
             substituted[key] = module_globals[key]
-    clone = types.FunctionType(func.__code__, _CloneGlobals(substituted, module_globals),
+    clone = types.FunctionType(func.__code__, _CloneGlobals(substituted, module_globals, reach,
+                                                            depth),
                                func.__name__, func.__defaults__, func.__closure__)
     clone.__kwdefaults__ = func.__kwdefaults__
     clone.__qualname__ = func.__qualname__
@@ -297,26 +524,33 @@ def _clone_function(func: types.FunctionType, mapper: ModuleMapper,
     return clone
 
 
-def device_clone(func: Callable[..., Any], mapper: ModuleMapper) -> Callable[..., Any]:
-    """Return a callable that runs ``func`` with device substitution.
+def device_clone(func: Callable[..., Any], mapper: ModuleMapper,
+                 reach: Reach | None = None) -> Callable[..., Any]:
+    """Return a callable that runs ``func`` with device substitution, reaching the helpers it
+    calls through ``reach`` (see :meth:`Reach.of`; None: its own code only).
 
     Plain functions and lambdas are cloned; bound methods and ``functools.partial`` objects
     are rebuilt around a clone of the function they wrap; any other callable is returned
     unchanged (dispatch only).
     """
+    hooked_builtins = reach.builtins if reach is not None else _hooked_builtins(mapper)
+    return _clone_any(func, mapper, hooked_builtins, reach)
+
+
+def _hooked_builtins(mapper: ModuleMapper) -> dict[str, Any]:
     hooked_builtins = dict(vars(builtins))
     hooked_builtins["__import__"] = mapper.import_hook(builtins.__import__)
-    return _clone_any(func, mapper, hooked_builtins)
+    return hooked_builtins
 
 
 def _clone_any(func: Callable[..., Any], mapper: ModuleMapper,
-               hooked_builtins: dict[str, Any]) -> Callable[..., Any]:
+               hooked_builtins: dict[str, Any], reach: Reach | None) -> Callable[..., Any]:
     if isinstance(func, types.FunctionType):
-        return _clone_function(func, mapper, hooked_builtins)
+        return _clone_function(func, mapper, hooked_builtins, reach)
     if isinstance(func, types.MethodType):
-        return types.MethodType(_clone_any(func.__func__, mapper, hooked_builtins),
+        return types.MethodType(_clone_any(func.__func__, mapper, hooked_builtins, reach),
                                 func.__self__)
     if isinstance(func, functools.partial):
-        return functools.partial(_clone_any(func.func, mapper, hooked_builtins),
+        return functools.partial(_clone_any(func.func, mapper, hooked_builtins, reach),
                                  *func.args, **func.keywords)
     return func

@@ -1,0 +1,86 @@
+"""Substitution that reaches helpers, on the GPU (``pytest -m gpu``): a user's class whose
+methods make arrays, a helper-built matrix and a chain of small functions run on the device
+when forced, with NumPy's answers; a helper that cannot run there is named in the reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import estimators as est
+import numpy as np
+import pytest
+
+import vedart as veda
+
+pytestmark = pytest.mark.gpu
+
+
+def fit_predict(x: Any, y: Any, w: Any, x_new: Any) -> Any:
+    return est.WeightedLeastSquares().fit(x, y, w).predict(x_new)
+
+
+def fitted(x: Any, y: Any, w: Any) -> est.WeightedLeastSquares:
+    return est.WeightedLeastSquares().fit(x, y, w)
+
+
+def transform(x: Any) -> Any:
+    return est.correlation(x)
+
+
+def spectrum(x: Any) -> Any:
+    return np.abs(est.naive_dft(x))
+
+
+@pytest.fixture
+def data() -> tuple[Any, ...]:
+    rng = np.random.default_rng()
+    x = rng.random((400, 6))
+    return x, x @ rng.random(6) + rng.random(400), rng.random(400) + 0.5, rng.random((50, 6))
+
+
+def test_a_class_made_inside_the_call_computes_on_the_device(data: tuple[Any, ...]) -> None:
+    wrapped = veda.gpu(force="gpu")(fit_predict)
+    got = wrapped(*data)
+    assert veda.get_runtime().telemetry.recent()[-1].path == "gpu"
+    np.testing.assert_allclose(got, fit_predict(*data), rtol=1e-8)
+    assert type(got) is np.ndarray and got.dtype == np.float64
+    assert "estimators.WeightedLeastSquares" in wrapped.explain(*data).helpers
+
+
+def test_an_object_returned_keeps_its_class_and_holds_numpy_arrays(
+        data: tuple[Any, ...]) -> None:
+    model = veda.gpu(force="gpu")(fitted)(*data[:3])
+    assert veda.get_runtime().telemetry.recent()[-1].path == "gpu"
+    assert type(model) is est.WeightedLeastSquares
+    assert type(model.coef) is np.ndarray
+    np.testing.assert_allclose(model.coef, fitted(*data[:3]).coef, rtol=1e-8)
+
+
+@pytest.mark.parametrize(("func", "rtol"), [(spectrum, 1e-9), (transform, 1e-7)])
+def test_helper_built_matrices_and_chains_compute_on_the_device(func: Any, rtol: float) -> None:
+    rng = np.random.default_rng()
+    x = rng.random(1024) if func is spectrum else rng.random((500, 8))
+    got = veda.gpu(force="gpu")(func)(x)
+    assert veda.get_runtime().telemetry.recent()[-1].path == "gpu"
+    np.testing.assert_allclose(got, func(x), rtol=rtol, atol=1e-9)
+
+
+def test_without_reach_the_class_cannot_run_on_the_device(data: tuple[Any, ...]) -> None:
+    with pytest.warns(veda.OffloadWarning, match="GPU failed"):
+        got = veda.gpu(force="gpu", reach=False)(fit_predict)(*data)
+    assert veda.get_runtime().telemetry.recent()[-1].path == "fallback"
+    np.testing.assert_allclose(got, fit_predict(*data), rtol=1e-10)
+
+
+def checksum(x: Any) -> Any:
+    return est.byte_total(x * 2)
+
+
+def test_a_helper_that_fails_on_the_device_is_named_in_the_reason() -> None:
+    x = np.random.default_rng().random(8)
+    with pytest.warns(veda.OffloadWarning, match=r"GPU failed in helper "
+                                                 r"estimators\.byte_total \(TypeError"):
+        got = veda.gpu(force="gpu")(checksum)(x)
+    record = veda.get_runtime().telemetry.recent()[-1]
+    assert record.path == "fallback" and "in helper estimators.byte_total" in record.reason
+    assert got == checksum(x)

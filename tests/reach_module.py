@@ -1,0 +1,102 @@
+"""Helpers a decorated function reaches, written as a user's module would be: functions that
+make arrays, functions calling each other, a class whose methods make arrays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import reach_module as rm_alias  # the module itself, as user code imports its siblings
+
+calls_made = 0
+
+
+def top(n: int) -> Any:
+    return middle(n) + np.zeros(n)
+
+
+def middle(n: int) -> Any:
+    return bottom(n) + np.zeros(n)
+
+
+def bottom(n: int) -> Any:
+    return np.zeros(n) + 1.0
+
+
+def counts_calls(n: int) -> Any:
+    global calls_made
+    calls_made += 1
+    return np.zeros(n)
+
+
+def calls_a_counter(n: int) -> Any:
+    return counts_calls(n)
+
+
+def fails_inside(n: int) -> Any:
+    raise ArithmeticError(f"helper failed for {n}")
+
+
+def calls_a_failing_helper(n: int) -> Any:
+    return fails_inside(n) + np.zeros(n)
+
+
+class Model:
+    """Fits a constant offset: methods make arrays, as estimator classes do."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+        self.offset: Any = None
+
+    def fit(self, x: Any) -> Model:
+        self.offset = np.zeros(x.shape[-1]) + self.scale * x.mean(axis=0)
+        return self
+
+    @staticmethod
+    def blank(n: int) -> Any:
+        return np.zeros(n)
+
+    @property
+    def size(self) -> int:
+        return int(np.zeros(1).size) * len(self.offset)
+
+
+def fit_a_model(x: Any) -> Model:
+    model = Model(2.0).fit(x)
+    assert isinstance(model, Model)
+    return model
+
+
+def uses_class_helpers(n: int) -> Any:
+    return Model.blank(n)
+
+
+def bottom_twice(n: int) -> Any:
+    return np.zeros(n) + np.zeros(n) + 1.0
+
+
+def uses_a_module_attribute(n: int) -> Any:
+    import reach_module as itself  # bound inside: not reached (the import is as written)
+
+    return itself.bottom(n) + rm_alias.bottom(n)
+
+
+def is_model(value: Any) -> bool:
+    return isinstance(value, Model) and issubclass(type(value), Model)
+
+
+class Registered:
+    """Records its subclasses: subclassing it has effects, so it is not reached."""
+
+    subclasses: list[type] = []
+
+    def __init_subclass__(cls) -> None:
+        Registered.subclasses.append(cls)
+
+    def make(self, n: int) -> Any:
+        return np.zeros(n)
+
+
+def uses_registered(n: int) -> Any:
+    return Registered().make(n)

@@ -1,0 +1,169 @@
+"""Substitution that reaches helpers (``@veda.gpu(reach=...)``), on a NumPy-only machine: a
+recording stand-in is the device package, so the test sees which code ran with the device
+namespace. Nothing shared may change: the helpers' module, its functions and classes, and what
+other threads see."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import reach_module as rm
+import recording_numpy
+
+import vedart as veda
+from vedart.offload import substitute
+from vedart.offload.arguments import map_arrays
+from vedart.offload.results import results_to_host
+from vedart.offload.substitute import ModuleMapper, Reach, device_clone, helper_of
+from vedart.telemetry import CallRecord, Telemetry
+
+RECORDING = ModuleMapper({"numpy": "recording_numpy"})
+
+
+@pytest.fixture(autouse=True)
+def _clear_recording() -> None:
+    recording_numpy.calls.clear()
+
+
+def reaching(func: Any) -> tuple[Any, Reach]:
+    reach = Reach.of(func, RECORDING)
+    return device_clone(func, RECORDING, reach), reach
+
+
+def routed() -> int:
+    return len(recording_numpy.calls)
+
+
+def test_helpers_and_their_helpers_run_with_the_device_namespace() -> None:
+    clone, reach = reaching(rm.top)
+    np.testing.assert_array_equal(clone(3), rm.top(3))
+    assert routed() == 3  # top, middle and bottom each made their zeros on the "device"
+    assert reach.names == ("reach_module.bottom", "reach_module.middle")
+    recording_numpy.calls.clear()
+    device_clone(rm.top, RECORDING)(3)  # without reach: the function's own code only
+    assert routed() == 1
+
+
+def test_functions_read_through_a_module_name_are_reached() -> None:
+    clone, reach = reaching(rm.uses_a_module_attribute)
+    np.testing.assert_array_equal(clone(2), rm.uses_a_module_attribute(2))
+    assert routed() == 1  # rm_alias.bottom ran as a clone; the inside import's did not
+    assert reach.names == ("reach_module.bottom",)
+
+
+def test_objects_made_in_the_call_run_device_methods_and_come_back_as_their_class() -> None:
+    clone, reach = reaching(rm.fit_a_model)
+    x = np.random.default_rng(1).random((4, 3))
+    model = clone(x)
+    assert routed() == 1 and "reach_module.Model" in reach.names
+    assert isinstance(model, rm.Model) and type(model) is not rm.Model  # a device class
+    np.testing.assert_allclose(model.offset, 2.0 * x.mean(axis=0))
+    back = map_arrays(model, np.ndarray, lambda array: array * 1, 8, records=True)
+    assert type(back) is rm.Model  # as results leave a call
+    np.testing.assert_allclose(back.offset, 2.0 * x.mean(axis=0))
+    assert clone(x).size == 3 and routed() == 3  # a property's getter is cloned too
+    assert reaching(rm.uses_class_helpers)[0](2).shape == (2,) and routed() == 4  # static
+    assert reaching(rm.is_model)[0](rm.Model())  # made outside the call: a Model all the same
+
+
+def test_a_class_whose_subclassing_has_effects_is_not_reached() -> None:
+    clone, reach = reaching(rm.uses_registered)
+    assert clone(2).shape == (2,)
+    assert rm.Registered.subclasses == [] and routed() == 0 and reach.names == ()
+
+
+def test_nothing_shared_changes_and_other_threads_see_plain_numpy() -> None:
+    module_before = dict(vars(rm))
+    methods_before = dict(vars(rm.Model))
+    clone, _ = reaching(rm.top)
+    other_thread: list[Any] = []
+    started, finish = threading.Event(), threading.Event()
+
+    def plain() -> None:
+        started.set()
+        finish.wait(5)
+        other_thread.append(rm.middle(2))
+
+    thread = threading.Thread(target=plain)
+    thread.start()
+    started.wait(5)
+    clone(2)
+    finish.set()
+    thread.join(5)
+    assert {ident for _, ident in recording_numpy.calls} == {threading.get_ident()}
+    np.testing.assert_array_equal(other_thread[0], rm.middle(2))
+    assert dict(vars(rm)) == module_before and dict(vars(rm.Model)) == methods_before
+    assert sys.modules["numpy"] is np and rm.np is np
+
+
+def test_clones_are_bounded_in_depth_and_count_and_remade_when_code_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(substitute, "REACH_DEPTH", 1)
+    reaching(rm.top)[0](2)
+    assert routed() == 2  # top and middle; bottom is two calls deep
+    monkeypatch.setattr(substitute, "REACH_DEPTH", 8)
+    monkeypatch.setattr(substitute, "REACH_FUNCTIONS", 1)
+    recording_numpy.calls.clear()
+    clone, reach = reaching(rm.top)
+    clone(2)
+    assert routed() == 2 and reach.names == ("reach_module.middle",)
+    monkeypatch.setattr(substitute, "REACH_FUNCTIONS", 128)
+    recording_numpy.calls.clear()
+    clone, reach = reaching(rm.top)
+    clone(2)
+    assert routed() == 3
+    monkeypatch.setattr(rm.bottom, "__code__", rm.bottom_twice.__code__)  # redefined in place
+    clone(2)
+    assert routed() == 7  # the new code ran as a clone: two zeros on the "device"
+
+
+def test_a_helper_that_assigns_module_globals_runs_as_written() -> None:
+    before = rm.calls_made
+    clone, reach = reaching(rm.calls_a_counter)
+    clone(2)
+    assert rm.calls_made == before + 1  # the assignment reached the real module
+    assert routed() == 0  # not cloned: its np.zeros is NumPy's
+
+
+def test_a_failure_in_a_helper_is_named() -> None:
+    clone, _ = reaching(rm.calls_a_failing_helper)
+    with pytest.raises(ArithmeticError) as caught:
+        clone(2)
+    assert helper_of(caught.value) == "reach_module.fails_inside"
+    with pytest.raises(ArithmeticError) as caught:
+        device_clone(rm.calls_a_failing_helper, RECORDING)(2)
+    assert helper_of(caught.value) is None
+
+
+def test_reach_is_an_option_checked_at_decoration() -> None:
+    assert rm.top.__module__ == "reach_module"
+    assert veda.gpu(rm.top).gpu_options.reach is True  # type: ignore[attr-defined]
+    assert veda.gpu(reach=False)(rm.top).gpu_options.reach is False  # type: ignore[attr-defined]
+    with pytest.raises(veda.ConfigError, match=r"reach: got 'yes'; allowed: True"):
+        veda.gpu(reach="yes")  # type: ignore[arg-type]
+
+
+class NoDeviceArray:
+    """No value is one: results_to_host then only walks the result."""
+
+
+def test_results_without_device_arrays_still_leave_as_their_class() -> None:
+    clone, _ = reaching(rm.fit_a_model)
+    model = clone(np.ones((2, 2)))
+    model.offset = [1.0, 2.0]  # no arrays left in it
+    back, moved = results_to_host([model], NoDeviceArray)
+    assert type(back[0]) is rm.Model and moved == 0
+
+
+def test_the_report_lists_the_helpers_a_function_ran_as_clones() -> None:
+    telemetry = Telemetry()
+    telemetry.record(CallRecord("user.solve", "gpu", "forced"))
+    telemetry.function("user.solve").helpers = ("user.build_matrix", "user.Model")
+    assert telemetry.snapshot()["functions"][0]["helpers"] == ["user.build_matrix",
+                                                                "user.Model"]
+    assert "helpers run as device clones:\n  user.solve: user.build_matrix, user.Model" in \
+        telemetry.report()
