@@ -24,7 +24,9 @@ class WeightedLeastSquares:
         return self
 
     def predict(self, x: Any) -> Any:
-        return self._design(x) @ self.coef
+        predictions = np.empty(x.shape[0])  # filled in place, as code written for NumPy does
+        predictions[:] = self._design(x) @ self.coef
+        return predictions
 
 
 def dft_matrix(n: int) -> Any:

@@ -105,12 +105,13 @@ def to_host_class(record: Any) -> Any:
 
 
 def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
-               depth: int, *, records: bool = False) -> Any:
+               depth: int, *, records: bool = False, host_classes: bool = True) -> Any:
     """``value`` with every ``array_type`` instance replaced by ``convert(instance)``, opening at
     most ``depth`` levels of lists, tuples, namedtuples and dicts (and, with ``records``,
-    dataclass objects and SimpleNamespaces, rebuilt as a shallow copy with the converted
-    fields set); other values are kept as they are (containers without arrays are returned as
-    the same object)."""
+    dataclass objects, SimpleNamespaces and objects of device classes, rebuilt as a shallow
+    copy with the converted fields set, an object of a device class given its host class
+    unless ``host_classes`` is False); other values are kept as they are (containers without
+    arrays are returned as the same object)."""
     if isinstance(value, array_type):
         return convert(value)
     if depth <= 0:
@@ -118,17 +119,19 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
     if records and is_record(value):
         fields = record_fields(value)
         converted_fields = {name: map_arrays(item, array_type, convert, depth - 1,
-                                             records=True) for name, item in fields.items()}
-        if all(map(operator.is_, converted_fields.values(), fields.values())):
-            return to_host_class(value)
-        rebuilt = copy.copy(value)
-        for name, item in converted_fields.items():
-            object.__setattr__(rebuilt, name, item)  # a frozen dataclass too
-        return to_host_class(rebuilt)
+                                             records=True, host_classes=host_classes)
+                            for name, item in fields.items()}
+        rebuilt = value
+        if not all(map(operator.is_, converted_fields.values(), fields.values())):
+            rebuilt = copy.copy(value)
+            for name, item in converted_fields.items():
+                object.__setattr__(rebuilt, name, item)  # a frozen dataclass too
+        return to_host_class(rebuilt) if host_classes else rebuilt
     if not isinstance(value, _CONTAINERS) or not value:
         return value
     if type(value) is dict or isinstance(value, dict):
-        items = {key: map_arrays(item, array_type, convert, depth - 1, records=records)
+        items = {key: map_arrays(item, array_type, convert, depth - 1, records=records,
+                                 host_classes=host_classes)
                  for key, item in value.items()}
         if all(map(operator.is_, items.values(), value.values())):
             return value
@@ -139,8 +142,8 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
         rebuilt = copy.copy(value)
         rebuilt.update(items)
         return rebuilt
-    converted = [map_arrays(item, array_type, convert, depth - 1, records=records)
-                 for item in value]
+    converted = [map_arrays(item, array_type, convert, depth - 1, records=records,
+                            host_classes=host_classes) for item in value]
     if all(map(operator.is_, converted, value)):
         return value
     if isinstance(value, list):

@@ -186,11 +186,11 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
         made = host.ndim == 0 and any(value is array for array in made_arrays)
         return (host[()] if host.ndim == 0 and not made else host), value.nbytes
     found: dict[int, Any] = {}
-    # The walk also gives objects of device classes their host class back (see arguments).
-    value = map_arrays(value, device_type, lambda array: found.setdefault(id(array), array),
-                       RESULT_DEPTH, records=True)
-    if not found:
-        return value, 0
+    map_arrays(value, device_type, lambda array: found.setdefault(id(array), array),
+               RESULT_DEPTH, records=True, host_classes=False)
+    if not found:  # a walk still gives objects of device classes their host class back
+        return map_arrays(value, device_type, lambda array: array, RESULT_DEPTH,
+                          records=True), 0
     hosts, moved = _hosts(list(found.values()), device_type, writes)
     kept = {id(array) for array in made_arrays} | writes.keys()
 
