@@ -244,3 +244,15 @@ def test_an_empty_input_of_a_rejected_dtype_raises_what_numpy_raises_for_its_siz
         func(empty)
     with pytest.raises(ValueError, match="Invalid number of FFT data points"):
         device_clone(func, IDENTITY)(empty)
+
+
+def test_a_reduction_without_identity_of_an_empty_input_raises_numpys_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    lenient = types.ModuleType("lenient_numpy")  # as CuPy: an empty reduction gives an empty
+    lenient.max = lambda x, axis=None, **kwargs: np.zeros(x.shape[1:])  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lenient_numpy", lenient)
+    mapper = ModuleMapper({"numpy": "lenient_numpy"})
+    func = lambda x: np.max(x, axis=0)  # noqa: E731
+    with pytest.raises(ValueError, match="zero-size array"):
+        device_clone(func, mapper)(np.zeros((0, 0, 2), dtype=np.complex128))
+    assert device_clone(func, mapper)(np.ones((3, 2))).shape == (2,)

@@ -188,6 +188,14 @@ _NUMPY_REJECTS: dict[str, dict[str, str]] = {
 }
 
 
+# Reductions without an identity: NumPy raises ValueError for a zero-size reduction where
+# CuPy returns an empty array (``np.max`` of a (0, 0, 2) array along axis 0, H100,
+# 2026-11-24); for an empty argument NumPy's function runs first on an empty stand-in.
+_NO_IDENTITY: dict[str, frozenset[str]] = {"numpy": frozenset({
+    "max", "min", "amax", "amin", "argmax", "argmin", "ptp", "nanmax", "nanmin", "nanargmax",
+    "nanargmin"})}
+
+
 def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
                    name: str, device_module: str) -> Any:
     """``device_function`` (the device twin of ``host_module.name``, from ``device_module``),
@@ -221,12 +229,15 @@ def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
     if device_module == "cupy.linalg":
         adjusted = _raising_linalg_errors(adjusted)
     rejected = _NUMPY_REJECTS.get(host_module, {}).get(name)
-    if rejected is None or not callable(host_function):
+    empty_checked = name in _NO_IDENTITY.get(host_module, ())
+    if (rejected is None and not empty_checked) or not callable(host_function):
         return adjusted
+    rejected = rejected or ""
 
     @functools.wraps(device_function)
     def checked(*args: Any, **kwargs: Any) -> Any:
-        if args and getattr(getattr(args[0], "dtype", None), "char", None) in rejected:
+        if args and (getattr(getattr(args[0], "dtype", None), "char", None) in rejected
+                     or (empty_checked and getattr(args[0], "size", None) == 0)):
             host_function(*map(_stand_in, args),
                           **{key: _stand_in(value) for key, value in kwargs.items()})
         return adjusted(*args, **kwargs)
