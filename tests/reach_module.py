@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 import reach_module as rm_alias  # the module itself, as user code imports its siblings
+import vedart as veda
 
 calls_made = 0
 
@@ -53,6 +54,10 @@ class Model:
         self.offset = np.zeros(x.shape[-1]) + self.scale * x.mean(axis=0)
         return self
 
+    def fit_negated(self, x: Any) -> Model:
+        self.offset = np.zeros(x.shape[-1]) - self.scale * x.mean(axis=0)
+        return self
+
     @staticmethod
     def blank(n: int) -> Any:
         return np.zeros(n)
@@ -70,6 +75,23 @@ def fit_a_model(x: Any) -> Model:
 
 def uses_class_helpers(n: int) -> Any:
     return Model.blank(n)
+
+
+def scaled(x: Any, factor: float = 2.0) -> Any:
+    return np.zeros(x.shape) + factor * x
+
+
+def scaled_offset(x: Any) -> Any:
+    return Model().fit(scaled(x)).offset
+
+
+@veda.gpu
+def decorated_bottom(n: int) -> Any:
+    return bottom(n)
+
+
+def calls_a_gpu_function(n: int) -> Any:
+    return decorated_bottom(n) + bottom(n)
 
 
 def bottom_twice(n: int) -> Any:

@@ -121,6 +121,28 @@ def test_clones_are_bounded_in_depth_and_count_and_remade_when_code_changes(
     assert routed() == 7  # the new code ran as a clone: two zeros on the "device"
 
 
+def test_clones_are_remade_when_defaults_or_a_class_method_change(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.random.default_rng().random((3, 2))
+    clone, _ = reaching(rm.scaled_offset)
+    np.testing.assert_array_equal(clone(x), rm.scaled_offset(x))
+    monkeypatch.setattr(rm.scaled, "__defaults__", (7.0,))
+    np.testing.assert_array_equal(clone(x), rm.scaled_offset(x))
+    monkeypatch.setattr(rm.Model, "fit", rm.Model.fit_negated)  # as mock.patch.object does
+    np.testing.assert_array_equal(clone(x), rm.scaled_offset(x))
+    assert routed() == 3 * 2  # every run's scaled and fit ran as clones
+    clone, _ = reaching(rm.fit_a_model)
+    made = type(clone(x))
+    monkeypatch.setattr(rm.Model, "fits", 1, raising=False)  # not a method: no new class
+    assert type(clone(x)) is made
+
+
+def test_another_gpu_function_is_called_through_its_wrapper_not_cloned() -> None:
+    clone, reach = reaching(rm.calls_a_gpu_function)
+    np.testing.assert_array_equal(clone(3), rm.calls_a_gpu_function(3))
+    assert reach.names == ("reach_module.bottom",)
+
+
 def test_a_helper_that_assigns_module_globals_runs_as_written() -> None:
     before = rm.calls_made
     clone, reach = reaching(rm.calls_a_counter)

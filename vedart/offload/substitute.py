@@ -15,8 +15,9 @@ Rules a user can rely on:
   helpers it reaches: a global name, or an attribute of a module bound to a global name, that
   is a plain Python function or class from the decorated function's own package (its module's
   top-level package; ``__main__`` for a script) or from a module that binds NumPy or SciPy
-  names. A reached function runs as a clone made on first use (again when its code changes);
-  a reached class is seen as a device class, a subclass whose methods, static and class
+  names (a function judged by the module whose globals its code reads, so a wrapper made
+  elsewhere, as ``@veda.gpu``'s, is not). A reached function runs as a clone made on first use
+  (again when its code or defaults change); a reached class is seen as a device class, a subclass whose methods, static and class
   methods and properties (its own and its reached bases') are clones, whose ``isinstance``
   answers as the class's does, and whose objects get the class back when they are returned
   (``type(model) is Model``). Reaching goes ``REACH_DEPTH`` calls deep and stops after
@@ -71,6 +72,8 @@ _NEVER_REACHED = frozenset({"builtins", "cupy", "cupyx", "vedart", "numba", "das
 # vedart's modules of user code (the demo, bench workloads), which are reached as any user's.
 _USER_CODE_IN_VEDART = frozenset({"vedart.demo", "vedart.bench.workloads"})
 _PLAIN_METACLASSES = (type, abc.ABCMeta)
+# Class attributes a device class holds clones of (see :meth:`Reach._clone_attribute`).
+_METHOD_TYPES = (types.FunctionType, staticmethod, classmethod, property)
 # What a name may be bound to for a clone to see it otherwise: a function, a class, a module.
 _REACHABLE = (types.FunctionType, type, types.ModuleType)
 # Class attributes a device class never copies from its host's classes.
@@ -321,6 +324,21 @@ class _DeviceABCClass(_DeviceClass, abc.ABCMeta):
     """:class:`_DeviceClass` for a host class of ``abc.ABCMeta``."""
 
 
+def _made_from(value: Any) -> tuple[Any, ...]:
+    """What the clone of a reached function or the device class of a reached class is made
+    from, flat so that comparing two is one tuple comparison: a function's code and defaults;
+    a class's methods and their code along its bases (other class attributes, a counter, may
+    change without a new device class)."""
+    if type(value) is types.FunctionType:
+        return (value.__code__, value.__defaults__, value.__kwdefaults__)
+    made_from: list[Any] = []
+    for klass in value.__mro__[:-1]:
+        for name, attribute in vars(klass).items():
+            if isinstance(attribute, _METHOD_TYPES):
+                made_from += (name, attribute, getattr(attribute, "__code__", None))
+    return tuple(made_from)
+
+
 class _ReachedModule:
     """A user's module as a clone sees it (``import estimators as est``): its functions and
     classes through the clone's Reach, everything else as it is."""
@@ -343,8 +361,8 @@ class _ReachedModule:
 
 class Reach:
     """The helpers one decorated function's clone reaches (see the module docstring): their
-    device clones and device classes, made on first use, cached (a function's clone is made
-    again when its code changes), at most ``REACH_DEPTH`` calls deep and ``REACH_FUNCTIONS``
+    device clones and device classes, made on first use, cached (made again when a function's
+    code or defaults, or a class's methods, change), at most ``REACH_DEPTH`` calls deep and ``REACH_FUNCTIONS``
     functions in all. ``home``: the decorated function's module, whose package is reached
     whether or not it binds NumPy. Thread-safe."""
 
@@ -353,9 +371,9 @@ class Reach:
         self.builtins = _hooked_builtins(mapper)
         self._home_package = home.partition(".")[0]
         self._lock = threading.RLock()
-        # value -> (what a clone sees for it, the code it was cloned from: None but for
-        # functions, whose clone is made again when their code changes)
-        self._known: dict[Any, tuple[Any, types.CodeType | None]] = {}
+        # value -> (what a clone sees for it, what that was made from (:func:`_made_from`;
+        # None for a value seen as it is): made again when that changes)
+        self._known: dict[Any, tuple[Any, tuple[Any, ...] | None]] = {}
         self._clones = 0  # helper functions cloned
         self._binds_numpy: dict[str, bool] = {}
         self._names: tuple[str, ...] = ()
@@ -380,7 +398,7 @@ class Reach:
         ``depth`` calls deep: the device clone of a reached function, the device class of a
         reached class, a reached module seen through this Reach, else ``value``."""
         known = self._known.get(value)  # without the lock: clones read globals often
-        if known is not None and (known[1] is None or known[1] is value.__code__):
+        if known is not None and (known[1] is None or known[1] == _made_from(value)):
             return known[0]
         if depth > REACH_DEPTH:
             return value
@@ -388,19 +406,19 @@ class Reach:
             if not self._reaches(value):
                 self._known[value] = (value, None)
                 return value
-            code = None
+            made_from = None
             if isinstance(value, types.ModuleType):
                 result: Any = _ReachedModule(value, self, depth)
             elif isinstance(value, type):
-                result = self._device_class(value, depth)
+                result, made_from = self._device_class(value, depth), _made_from(value)
             else:
                 if known is None and self._clones >= REACH_FUNCTIONS:
                     return value
                 self._clones += known is None
-                result, code = self.clone(value, depth), value.__code__
+                result, made_from = self.clone(value, depth), _made_from(value)
             if not isinstance(value, types.ModuleType):
                 self._name(value)
-            self._known[value] = (result, code)
+            self._known[value] = (result, made_from)
             return result
 
     def clone(self, func: types.FunctionType, depth: int) -> Any:
@@ -409,7 +427,10 @@ class Reach:
         return _clone_function(func, self._mapper, self.builtins, self, depth)
 
     def _reaches(self, value: Any) -> bool:
+        # A function is judged by the module whose globals its code reads: functools.wraps
+        # copies __module__ onto wrappers defined elsewhere (@veda.gpu's among them).
         module = value.__name__ if isinstance(value, types.ModuleType) else \
+            value.__globals__.get("__name__") if type(value) is types.FunctionType else \
             getattr(value, "__module__", None)
         if not isinstance(module, str):
             return False
