@@ -122,3 +122,20 @@ class Registered:
 
 def uses_registered(n: int) -> Any:
     return Registered().make(n)
+
+
+class Slotted:
+    """Holds its arrays in slots: its objects have no ``__dict__``."""
+
+    __slots__ = ("values", "__private", "unset")
+
+    def __init__(self, n: int) -> None:
+        self.values = np.zeros(n)
+        self.__private = np.zeros(n) + 1.0
+
+    def private(self) -> Any:
+        return self.__private
+
+
+def make_slotted(n: int) -> Slotted:
+    return Slotted(n)

@@ -70,6 +70,21 @@ def test_objects_made_in_the_call_run_device_methods_and_come_back_as_their_clas
     assert reaching(rm.is_model)[0](rm.Model())  # made outside the call: a Model all the same
 
 
+def test_objects_of_a_class_with_slots_come_back_as_their_class() -> None:
+    made = reaching(rm.make_slotted)[0](3)
+    assert type(made) is not rm.Slotted and routed() == 2
+    back, _ = results_to_host([made], NoDeviceArray)
+    assert type(back[0]) is rm.Slotted
+    np.testing.assert_array_equal(back[0].values, np.zeros(3))
+    np.testing.assert_array_equal(back[0].private(), np.ones(3))
+    assert not hasattr(back[0], "unset")
+    converted = map_arrays(reaching(rm.make_slotted)[0](2), np.ndarray, lambda a: a + 1, 8,
+                           records=True)  # as results convert device arrays: a copy
+    assert type(converted) is rm.Slotted
+    np.testing.assert_array_equal(converted.values, np.ones(2))
+    np.testing.assert_array_equal(converted.private(), np.full(2, 2.0))
+
+
 def test_a_class_whose_subclassing_has_effects_is_not_reached() -> None:
     clone, reach = reaching(rm.uses_registered)
     assert clone(2).shape == (2,)
