@@ -11,6 +11,7 @@ import reach_module as rm_alias  # the module itself, as user code imports its s
 import vedart as veda
 
 calls_made = 0
+last_size = 0
 
 
 def top(n: int) -> Any:
@@ -96,6 +97,13 @@ def calls_a_gpu_function(n: int) -> Any:
 
 def bottom_twice(n: int) -> Any:
     return np.zeros(n) + np.zeros(n) + 1.0
+
+
+def assigns_through_the_module(n: int) -> Any:
+    rm_alias.last_size = n
+    rm_alias.scratch = n
+    del rm_alias.scratch
+    return rm_alias.bottom(n)
 
 
 def uses_a_module_attribute(n: int) -> Any:

@@ -55,6 +55,17 @@ def test_functions_read_through_a_module_name_are_reached() -> None:
     assert reach.names == ("reach_module.bottom",)
 
 
+def test_assignments_through_a_reached_module_reach_the_module(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rm, "last_size", 0)
+    clone, reach = reaching(rm.assigns_through_the_module)
+    clone(5)
+    assert rm.last_size == 5 and not hasattr(rm, "scratch")
+    assert routed() == 1 and reach.names == ("reach_module.bottom",)  # the module was reached
+    clone(6)
+    assert rm.last_size == 6
+
+
 def test_objects_made_in_the_call_run_device_methods_and_come_back_as_their_class() -> None:
     clone, reach = reaching(rm.fit_a_model)
     x = np.random.default_rng(1).random((4, 3))

@@ -341,13 +341,20 @@ def _made_from(value: Any) -> tuple[Any, ...]:
 
 class _ReachedModule:
     """A user's module as a clone sees it (``import estimators as est``): its functions and
-    classes through the clone's Reach, everything else as it is."""
+    classes through the clone's Reach, everything else as it is; assignments and deletions
+    (``est.last_size = n``) go to the module itself."""
 
     def __init__(self, module: types.ModuleType, reach: Reach, depth: int) -> None:
-        self.__module = module
-        self.__reach = reach
-        self.__depth = depth
-        self.__name__ = module.__name__
+        object.__setattr__(self, "_ReachedModule__module", module)
+        object.__setattr__(self, "_ReachedModule__reach", reach)
+        object.__setattr__(self, "_ReachedModule__depth", depth)
+        object.__setattr__(self, "__name__", module.__name__)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__module, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self.__module, name)
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.__module, name)
