@@ -96,6 +96,18 @@ def test_objects_of_a_class_with_slots_come_back_as_their_class() -> None:
     np.testing.assert_array_equal(converted.private(), np.full(2, 2.0))
 
 
+def test_methods_reached_through_super_run_as_clones() -> None:
+    x = np.random.default_rng().random(4)
+    clone, reach = reaching(rm.uses_super)
+    for got, want in zip(clone(x), rm.uses_super(x)):
+        np.testing.assert_array_equal(got, want)
+    # Layer.__init__ (through super() in Scaled.__init__, reached from Scaled.sized through
+    # super() in a classmethod), Scaled.__init__'s own, Layer.forward (through super(Scaled,
+    # self)): all three on the device
+    assert routed() == 3
+    assert reach.names == ("reach_module.Layer", "reach_module.Scaled")
+
+
 def test_a_class_whose_subclassing_has_effects_is_not_reached() -> None:
     clone, reach = reaching(rm.uses_registered)
     assert clone(2).shape == (2,)

@@ -18,7 +18,8 @@ Rules a user can rely on:
   names (a function judged by the module whose globals its code reads, so a wrapper made
   elsewhere, as ``@veda.gpu``'s, is not). A reached function runs as a clone made on first use
   (again when its code or defaults change); a reached class is seen as a device class, a subclass whose methods, static and class
-  methods and properties (its own and its reached bases') are clones, whose ``isinstance``
+  methods and properties (its own and its reached bases', also when found through
+  ``super()``) are clones, whose ``isinstance``
   answers as the class's does, and whose objects get the class back when they are returned
   (``type(model) is Model``). Reaching goes ``REACH_DEPTH`` calls deep and stops after
   ``REACH_FUNCTIONS`` functions; it never reaches vedart, CuPy, Numba or Dask code, exception
@@ -339,6 +340,43 @@ def _made_from(value: Any) -> tuple[Any, ...]:
     return tuple(made_from)
 
 
+class _DeviceSuper:
+    """What :meth:`Reach._super` returns: attributes are looked up as ``real`` (a real super
+    object of ``owner`` and ``first``) looks them up, and a function, static or class method
+    or property found in a reached class is taken from that class's device class."""
+
+    __slots__ = ("_real", "_owner", "_first", "_reach", "_depth")
+
+    def __init__(self, real: Any, owner: type, first: Any, reach: Reach, depth: int) -> None:
+        for name, value in (("_real", real), ("_owner", owner), ("_first", first),
+                            ("_reach", reach), ("_depth", depth)):
+            object.__setattr__(self, name, value)
+
+    def __getattribute__(self, name: str) -> Any:
+        real = object.__getattribute__(self, "_real")
+        owner = object.__getattribute__(self, "_owner")
+        first = object.__getattribute__(self, "_first")
+        kind = first if isinstance(first, type) and issubclass(first, owner) else type(first)
+        mro = kind.__mro__
+        for found_in in mro[mro.index(owner) + 1:]:
+            if name in vars(found_in):
+                break
+        else:
+            return getattr(real, name)
+        device = object.__getattribute__(self, "_reach").device_value(
+            found_in, object.__getattribute__(self, "_depth"))
+        attribute = vars(device).get(name) if device is not found_in else None
+        if attribute is None:
+            return getattr(real, name)
+        get = getattr(type(attribute), "__get__", None)
+        if get is None:
+            return attribute
+        return get(attribute, None if first is kind else first, kind)
+
+    def __repr__(self) -> str:
+        return repr(object.__getattribute__(self, "_real"))
+
+
 class _ReachedModule:
     """A user's module as a clone sees it (``import estimators as est``): its functions and
     classes through the clone's Reach, everything else as it is; assignments and deletions
@@ -376,6 +414,7 @@ class Reach:
     def __init__(self, mapper: ModuleMapper, home: str) -> None:
         self._mapper = mapper
         self.builtins = _hooked_builtins(mapper)
+        self.builtins["super"] = self._super
         self._home_package = home.partition(".")[0]
         self._lock = threading.RLock()
         # value -> (what a clone sees for it, what that was made from (:func:`_made_from`;
@@ -481,6 +520,31 @@ class Reach:
                         namespace[name] = cloned
         metaclass = _DeviceClass if type(host) is type else _DeviceABCClass
         return metaclass(host.__name__, (host,), namespace)
+
+    def _super(self, *args: Any) -> Any:
+        """``super`` as clones see it: what the real one finds, except that a method of a
+        reached base class is its clone (``super().__init__(n)`` in a reached class's
+        ``__init__`` runs the base's ``__init__`` on the device too)."""
+        if len(args) == 1:  # an unbound super: nothing is looked up through it here
+            return builtins.super(*args)
+        if args:
+            owner, first = args
+            # super(Model, self) in a clone names Model's device class: start after Model.
+            owner = vars(owner).get(HOST_CLASS, owner) if isinstance(owner, type) else owner
+            depth = REACH_DEPTH
+        else:  # the zero-argument form: what the compiler gives the calling method
+            frame = sys._getframe(1)
+            code, frame_locals = frame.f_code, frame.f_locals
+            owner = frame_locals.get("__class__")
+            if not code.co_argcount:
+                raise RuntimeError("super(): no arguments")
+            if not isinstance(owner, type):
+                raise RuntimeError("super(): __class__ cell not found")
+            first = frame_locals[code.co_varnames[0]]
+            clone_globals = frame.f_globals
+            depth = clone_globals.depth + 1 if isinstance(clone_globals, _CloneGlobals) \
+                else REACH_DEPTH
+        return _DeviceSuper(builtins.super(owner, first), owner, first, self, depth)
 
     def _name(self, value: Any) -> None:
         name = f"{value.__module__}.{value.__qualname__}"
