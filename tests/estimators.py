@@ -56,3 +56,41 @@ def byte_total(x: Any) -> int:
     """Reads its argument's bytes through the buffer protocol, which only host arrays have:
     on the device it cannot work."""
     return int(np.frombuffer(memoryview(np.ascontiguousarray(x)), dtype=np.uint8).sum())
+
+
+class Standardiser:
+    """A base class whose ``__init__`` makes arrays, as estimator bases do."""
+
+    def __init__(self, features: int) -> None:
+        self.mean = np.zeros(features)
+        self.scale = np.ones(features)
+
+    def fit(self, x: Any) -> Standardiser:
+        self.mean = self.mean + x.mean(axis=0)  # the arrays __init__ made, in use
+        self.scale = self.scale * x.std(axis=0)
+        return self
+
+
+class Whitener(Standardiser):
+    """Reaches its base's ``__init__`` and ``fit`` through ``super()``."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__(features)
+        self.rotation = np.eye(features)
+
+    def fit(self, x: Any) -> Whitener:
+        super().fit(x)
+        centred = (x - self.mean) / self.scale
+        _, vectors = np.linalg.eigh(centred.T @ centred / len(x))
+        self.rotation = vectors
+        return self
+
+
+class Summary:
+    """Holds its arrays in slots: its objects have no ``__dict__``."""
+
+    __slots__ = ("low", "high")
+
+    def __init__(self, x: Any) -> None:
+        self.low = np.min(x, axis=0) + np.zeros(x.shape[1])
+        self.high = np.max(x, axis=0)

@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 
 import reach_module as rm_alias  # the module itself, as user code imports its siblings
+import vedart as veda
 
 calls_made = 0
+last_size = 0
 
 
 def top(n: int) -> Any:
@@ -53,6 +55,10 @@ class Model:
         self.offset = np.zeros(x.shape[-1]) + self.scale * x.mean(axis=0)
         return self
 
+    def fit_negated(self, x: Any) -> Model:
+        self.offset = np.zeros(x.shape[-1]) - self.scale * x.mean(axis=0)
+        return self
+
     @staticmethod
     def blank(n: int) -> Any:
         return np.zeros(n)
@@ -72,8 +78,32 @@ def uses_class_helpers(n: int) -> Any:
     return Model.blank(n)
 
 
+def scaled(x: Any, factor: float = 2.0) -> Any:
+    return np.zeros(x.shape) + factor * x
+
+
+def scaled_offset(x: Any) -> Any:
+    return Model().fit(scaled(x)).offset
+
+
+@veda.gpu
+def decorated_bottom(n: int) -> Any:
+    return bottom(n)
+
+
+def calls_a_gpu_function(n: int) -> Any:
+    return decorated_bottom(n) + bottom(n)
+
+
 def bottom_twice(n: int) -> Any:
     return np.zeros(n) + np.zeros(n) + 1.0
+
+
+def assigns_through_the_module(n: int) -> Any:
+    rm_alias.last_size = n
+    rm_alias.scratch = n
+    del rm_alias.scratch
+    return rm_alias.bottom(n)
 
 
 def uses_a_module_attribute(n: int) -> Any:
@@ -100,3 +130,52 @@ class Registered:
 
 def uses_registered(n: int) -> Any:
     return Registered().make(n)
+
+
+class Slotted:
+    """Holds its arrays in slots: its objects have no ``__dict__``."""
+
+    __slots__ = ("values", "__private", "unset")
+
+    def __init__(self, n: int) -> None:
+        self.values = np.zeros(n)
+        self.__private = np.zeros(n) + 1.0
+
+    def private(self) -> Any:
+        return self.__private
+
+
+def make_slotted(n: int) -> Slotted:
+    return Slotted(n)
+
+
+class Layer:
+    """A base class whose methods make arrays, reached from its subclass through super()."""
+
+    def __init__(self, n: int) -> None:
+        self.weights = np.zeros(n) + 1.0
+
+    def forward(self, x: Any) -> Any:
+        return np.zeros(len(x)) + x * self.weights
+
+    @classmethod
+    def sized(cls, n: int) -> Layer:
+        return cls(n)
+
+
+class Scaled(Layer):
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.bias = np.zeros(n)
+
+    def forward(self, x: Any) -> Any:
+        return super(Scaled, self).forward(x) + self.bias
+
+    @classmethod
+    def sized(cls, n: int) -> Layer:
+        return super().sized(n)
+
+
+def uses_super(x: Any) -> Any:
+    layer = Scaled.sized(len(x))
+    return layer.forward(x), layer.weights

@@ -55,6 +55,17 @@ def test_functions_read_through_a_module_name_are_reached() -> None:
     assert reach.names == ("reach_module.bottom",)
 
 
+def test_assignments_through_a_reached_module_reach_the_module(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rm, "last_size", 0)
+    clone, reach = reaching(rm.assigns_through_the_module)
+    clone(5)
+    assert rm.last_size == 5 and not hasattr(rm, "scratch")
+    assert routed() == 1 and reach.names == ("reach_module.bottom",)  # the module was reached
+    clone(6)
+    assert rm.last_size == 6
+
+
 def test_objects_made_in_the_call_run_device_methods_and_come_back_as_their_class() -> None:
     clone, reach = reaching(rm.fit_a_model)
     x = np.random.default_rng(1).random((4, 3))
@@ -68,6 +79,33 @@ def test_objects_made_in_the_call_run_device_methods_and_come_back_as_their_clas
     assert clone(x).size == 3 and routed() == 3  # a property's getter is cloned too
     assert reaching(rm.uses_class_helpers)[0](2).shape == (2,) and routed() == 4  # static
     assert reaching(rm.is_model)[0](rm.Model())  # made outside the call: a Model all the same
+
+
+def test_objects_of_a_class_with_slots_come_back_as_their_class() -> None:
+    made = reaching(rm.make_slotted)[0](3)
+    assert type(made) is not rm.Slotted and routed() == 2
+    back, _ = results_to_host([made], NoDeviceArray)
+    assert type(back[0]) is rm.Slotted
+    np.testing.assert_array_equal(back[0].values, np.zeros(3))
+    np.testing.assert_array_equal(back[0].private(), np.ones(3))
+    assert not hasattr(back[0], "unset")
+    converted = map_arrays(reaching(rm.make_slotted)[0](2), np.ndarray, lambda a: a + 1, 8,
+                           records=True)  # as results convert device arrays: a copy
+    assert type(converted) is rm.Slotted
+    np.testing.assert_array_equal(converted.values, np.ones(2))
+    np.testing.assert_array_equal(converted.private(), np.full(2, 2.0))
+
+
+def test_methods_reached_through_super_run_as_clones() -> None:
+    x = np.random.default_rng().random(4)
+    clone, reach = reaching(rm.uses_super)
+    for got, want in zip(clone(x), rm.uses_super(x)):
+        np.testing.assert_array_equal(got, want)
+    # Layer.__init__ (through super() in Scaled.__init__, reached from Scaled.sized through
+    # super() in a classmethod), Scaled.__init__'s own, Layer.forward (through super(Scaled,
+    # self)): all three on the device
+    assert routed() == 3
+    assert reach.names == ("reach_module.Layer", "reach_module.Scaled")
 
 
 def test_a_class_whose_subclassing_has_effects_is_not_reached() -> None:
@@ -119,6 +157,28 @@ def test_clones_are_bounded_in_depth_and_count_and_remade_when_code_changes(
     monkeypatch.setattr(rm.bottom, "__code__", rm.bottom_twice.__code__)  # redefined in place
     clone(2)
     assert routed() == 7  # the new code ran as a clone: two zeros on the "device"
+
+
+def test_clones_are_remade_when_defaults_or_a_class_method_change(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.random.default_rng().random((3, 2))
+    clone, _ = reaching(rm.scaled_offset)
+    np.testing.assert_array_equal(clone(x), rm.scaled_offset(x))
+    monkeypatch.setattr(rm.scaled, "__defaults__", (7.0,))
+    np.testing.assert_array_equal(clone(x), rm.scaled_offset(x))
+    monkeypatch.setattr(rm.Model, "fit", rm.Model.fit_negated)  # as mock.patch.object does
+    np.testing.assert_array_equal(clone(x), rm.scaled_offset(x))
+    assert routed() == 3 * 2  # every run's scaled and fit ran as clones
+    clone, _ = reaching(rm.fit_a_model)
+    made = type(clone(x))
+    monkeypatch.setattr(rm.Model, "fits", 1, raising=False)  # not a method: no new class
+    assert type(clone(x)) is made
+
+
+def test_another_gpu_function_is_called_through_its_wrapper_not_cloned() -> None:
+    clone, reach = reaching(rm.calls_a_gpu_function)
+    np.testing.assert_array_equal(clone(3), rm.calls_a_gpu_function(3))
+    assert reach.names == ("reach_module.bottom",)
 
 
 def test_a_helper_that_assigns_module_globals_runs_as_written() -> None:

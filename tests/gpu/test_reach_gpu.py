@@ -84,3 +84,32 @@ def test_a_helper_that_fails_on_the_device_is_named_in_the_reason() -> None:
     record = veda.get_runtime().telemetry.recent()[-1]
     assert record.path == "fallback" and "in helper estimators.byte_total" in record.reason
     assert got == checksum(x)
+
+
+def whitened(x: Any) -> Any:
+    model = est.Whitener(x.shape[1]).fit(x)
+    return (x - model.mean) / model.scale @ model.rotation
+
+
+def test_base_class_methods_reached_through_super_compute_on_the_device() -> None:
+    x = np.random.default_rng().random((2000, 5))
+    got = veda.gpu(force="gpu", fallback="raise")(whitened)(x)
+    assert veda.get_runtime().telemetry.recent()[-1].path == "gpu"
+    # eigenvectors are unique up to sign: compare the whitened data's covariance
+    expected = whitened(x)
+    assert type(got) is np.ndarray and got.dtype == expected.dtype == np.float64
+    np.testing.assert_allclose(got.T @ got, expected.T @ expected, rtol=1e-7, atol=1e-7)
+
+
+def summary(x: Any) -> est.Summary:
+    return est.Summary(x)
+
+
+def test_an_object_with_slots_comes_back_as_its_class() -> None:
+    x = np.random.default_rng().random((300, 4))
+    got = veda.gpu(force="gpu", fallback="raise")(summary)(x)
+    assert veda.get_runtime().telemetry.recent()[-1].path == "gpu"
+    assert type(got) is est.Summary
+    assert type(got.low) is np.ndarray and type(got.high) is np.ndarray
+    np.testing.assert_array_equal(got.low, x.min(axis=0))
+    np.testing.assert_array_equal(got.high, x.max(axis=0))

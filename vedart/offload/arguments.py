@@ -91,9 +91,29 @@ def is_record(value: Any) -> bool:
 
 def record_fields(record: Any) -> dict[str, Any]:
     """The named values of a record (see :func:`is_record`)."""
-    if type(record) is types.SimpleNamespace or hasattr(type(record), HOST_CLASS):
+    if type(record) is types.SimpleNamespace:
         return dict(vars(record))
+    if hasattr(type(record), HOST_CLASS):
+        return _attributes(record)
     return {item.name: getattr(record, item.name) for item in dataclasses.fields(record)}
+
+
+def _attributes(value: Any) -> dict[str, Any]:
+    """The attributes an object holds: its ``__dict__`` and the slots its classes declare that
+    are set (``__slots__ = ("coef",)`` leaves an object no ``__dict__``)."""
+    found = dict(getattr(value, "__dict__", {}))
+    for klass in type(value).__mro__:
+        slots = vars(klass).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):  # stored mangled
+                name = f"_{klass.__name__.lstrip('_')}{name}"
+            try:
+                found[name] = getattr(value, name)
+            except AttributeError:  # a slot never set
+                pass
+    return found
 
 
 def to_host_class(record: Any) -> Any:

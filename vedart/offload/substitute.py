@@ -15,9 +15,11 @@ Rules a user can rely on:
   helpers it reaches: a global name, or an attribute of a module bound to a global name, that
   is a plain Python function or class from the decorated function's own package (its module's
   top-level package; ``__main__`` for a script) or from a module that binds NumPy or SciPy
-  names. A reached function runs as a clone made on first use (again when its code changes);
-  a reached class is seen as a device class, a subclass whose methods, static and class
-  methods and properties (its own and its reached bases') are clones, whose ``isinstance``
+  names (a function judged by the module whose globals its code reads, so a wrapper made
+  elsewhere, as ``@veda.gpu``'s, is not). A reached function runs as a clone made on first use
+  (again when its code or defaults change); a reached class is seen as a device class, a subclass whose methods, static and class
+  methods and properties (its own and its reached bases', also when found through
+  ``super()``) are clones, whose ``isinstance``
   answers as the class's does, and whose objects get the class back when they are returned
   (``type(model) is Model``). Reaching goes ``REACH_DEPTH`` calls deep and stops after
   ``REACH_FUNCTIONS`` functions; it never reaches vedart, CuPy, Numba or Dask code, exception
@@ -71,6 +73,8 @@ _NEVER_REACHED = frozenset({"builtins", "cupy", "cupyx", "vedart", "numba", "das
 # vedart's modules of user code (the demo, bench workloads), which are reached as any user's.
 _USER_CODE_IN_VEDART = frozenset({"vedart.demo", "vedart.bench.workloads"})
 _PLAIN_METACLASSES = (type, abc.ABCMeta)
+# Class attributes a device class holds clones of (see :meth:`Reach._clone_attribute`).
+_METHOD_TYPES = (types.FunctionType, staticmethod, classmethod, property)
 # What a name may be bound to for a clone to see it otherwise: a function, a class, a module.
 _REACHABLE = (types.FunctionType, type, types.ModuleType)
 # Class attributes a device class never copies from its host's classes.
@@ -332,15 +336,74 @@ class _DeviceABCClass(_DeviceClass, abc.ABCMeta):
     """:class:`_DeviceClass` for a host class of ``abc.ABCMeta``."""
 
 
+def _made_from(value: Any) -> tuple[Any, ...]:
+    """What the clone of a reached function or the device class of a reached class is made
+    from, flat so that comparing two is one tuple comparison: a function's code and defaults;
+    a class's methods and their code along its bases (other class attributes, a counter, may
+    change without a new device class)."""
+    if type(value) is types.FunctionType:
+        return (value.__code__, value.__defaults__, value.__kwdefaults__)
+    made_from: list[Any] = []
+    for klass in value.__mro__[:-1]:
+        for name, attribute in vars(klass).items():
+            if isinstance(attribute, _METHOD_TYPES):
+                made_from += (name, attribute, getattr(attribute, "__code__", None))
+    return tuple(made_from)
+
+
+class _DeviceSuper:
+    """What :meth:`Reach._super` returns: attributes are looked up as ``real`` (a real super
+    object of ``owner`` and ``first``) looks them up, and a function, static or class method
+    or property found in a reached class is taken from that class's device class."""
+
+    __slots__ = ("_real", "_owner", "_first", "_reach", "_depth")
+
+    def __init__(self, real: Any, owner: type, first: Any, reach: Reach, depth: int) -> None:
+        for name, value in (("_real", real), ("_owner", owner), ("_first", first),
+                            ("_reach", reach), ("_depth", depth)):
+            object.__setattr__(self, name, value)
+
+    def __getattribute__(self, name: str) -> Any:
+        real = object.__getattribute__(self, "_real")
+        owner = object.__getattribute__(self, "_owner")
+        first = object.__getattribute__(self, "_first")
+        kind = first if isinstance(first, type) and issubclass(first, owner) else type(first)
+        mro = kind.__mro__
+        for found_in in mro[mro.index(owner) + 1:]:
+            if name in vars(found_in):
+                break
+        else:
+            return getattr(real, name)
+        device = object.__getattribute__(self, "_reach").device_value(
+            found_in, object.__getattribute__(self, "_depth"))
+        attribute = vars(device).get(name) if device is not found_in else None
+        if attribute is None:
+            return getattr(real, name)
+        get = getattr(type(attribute), "__get__", None)
+        if get is None:
+            return attribute
+        return get(attribute, None if first is kind else first, kind)
+
+    def __repr__(self) -> str:
+        return repr(object.__getattribute__(self, "_real"))
+
+
 class _ReachedModule:
     """A user's module as a clone sees it (``import estimators as est``): its functions and
-    classes through the clone's Reach, everything else as it is."""
+    classes through the clone's Reach, everything else as it is; assignments and deletions
+    (``est.last_size = n``) go to the module itself."""
 
     def __init__(self, module: types.ModuleType, reach: Reach, depth: int) -> None:
-        self.__module = module
-        self.__reach = reach
-        self.__depth = depth
-        self.__name__ = module.__name__
+        object.__setattr__(self, "_ReachedModule__module", module)
+        object.__setattr__(self, "_ReachedModule__reach", reach)
+        object.__setattr__(self, "_ReachedModule__depth", depth)
+        object.__setattr__(self, "__name__", module.__name__)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__module, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self.__module, name)
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.__module, name)
@@ -354,19 +417,20 @@ class _ReachedModule:
 
 class Reach:
     """The helpers one decorated function's clone reaches (see the module docstring): their
-    device clones and device classes, made on first use, cached (a function's clone is made
-    again when its code changes), at most ``REACH_DEPTH`` calls deep and ``REACH_FUNCTIONS``
+    device clones and device classes, made on first use, cached (made again when a function's
+    code or defaults, or a class's methods, change), at most ``REACH_DEPTH`` calls deep and ``REACH_FUNCTIONS``
     functions in all. ``home``: the decorated function's module, whose package is reached
     whether or not it binds NumPy. Thread-safe."""
 
     def __init__(self, mapper: ModuleMapper, home: str) -> None:
         self._mapper = mapper
         self.builtins = _hooked_builtins(mapper)
+        self.builtins["super"] = self._super
         self._home_package = home.partition(".")[0]
         self._lock = threading.RLock()
-        # value -> (what a clone sees for it, the code it was cloned from: None but for
-        # functions, whose clone is made again when their code changes)
-        self._known: dict[Any, tuple[Any, types.CodeType | None]] = {}
+        # value -> (what a clone sees for it, what that was made from (:func:`_made_from`;
+        # None for a value seen as it is): made again when that changes)
+        self._known: dict[Any, tuple[Any, tuple[Any, ...] | None]] = {}
         self._clones = 0  # helper functions cloned
         self._binds_numpy: dict[str, bool] = {}
         self._names: tuple[str, ...] = ()
@@ -391,7 +455,7 @@ class Reach:
         ``depth`` calls deep: the device clone of a reached function, the device class of a
         reached class, a reached module seen through this Reach, else ``value``."""
         known = self._known.get(value)  # without the lock: clones read globals often
-        if known is not None and (known[1] is None or known[1] is value.__code__):
+        if known is not None and (known[1] is None or known[1] == _made_from(value)):
             return known[0]
         if depth > REACH_DEPTH:
             return value
@@ -399,19 +463,19 @@ class Reach:
             if not self._reaches(value):
                 self._known[value] = (value, None)
                 return value
-            code = None
+            made_from = None
             if isinstance(value, types.ModuleType):
                 result: Any = _ReachedModule(value, self, depth)
             elif isinstance(value, type):
-                result = self._device_class(value, depth)
+                result, made_from = self._device_class(value, depth), _made_from(value)
             else:
                 if known is None and self._clones >= REACH_FUNCTIONS:
                     return value
                 self._clones += known is None
-                result, code = self.clone(value, depth), value.__code__
+                result, made_from = self.clone(value, depth), _made_from(value)
             if not isinstance(value, types.ModuleType):
                 self._name(value)
-            self._known[value] = (result, code)
+            self._known[value] = (result, made_from)
             return result
 
     def clone(self, func: types.FunctionType, depth: int) -> Any:
@@ -420,7 +484,10 @@ class Reach:
         return _clone_function(func, self._mapper, self.builtins, self, depth)
 
     def _reaches(self, value: Any) -> bool:
+        # A function is judged by the module whose globals its code reads: functools.wraps
+        # copies __module__ onto wrappers defined elsewhere (@veda.gpu's among them).
         module = value.__name__ if isinstance(value, types.ModuleType) else \
+            value.__globals__.get("__name__") if type(value) is types.FunctionType else \
             getattr(value, "__module__", None)
         if not isinstance(module, str):
             return False
@@ -464,6 +531,31 @@ class Reach:
                         namespace[name] = cloned
         metaclass = _DeviceClass if type(host) is type else _DeviceABCClass
         return metaclass(host.__name__, (host,), namespace)
+
+    def _super(self, *args: Any) -> Any:
+        """``super`` as clones see it: what the real one finds, except that a method of a
+        reached base class is its clone (``super().__init__(n)`` in a reached class's
+        ``__init__`` runs the base's ``__init__`` on the device too)."""
+        if len(args) == 1:  # an unbound super: nothing is looked up through it here
+            return builtins.super(*args)
+        if args:
+            owner, first = args
+            # super(Model, self) in a clone names Model's device class: start after Model.
+            owner = vars(owner).get(HOST_CLASS, owner) if isinstance(owner, type) else owner
+            depth = REACH_DEPTH
+        else:  # the zero-argument form: what the compiler gives the calling method
+            frame = sys._getframe(1)
+            code, frame_locals = frame.f_code, frame.f_locals
+            owner = frame_locals.get("__class__")
+            if not code.co_argcount:
+                raise RuntimeError("super(): no arguments")
+            if not isinstance(owner, type):
+                raise RuntimeError("super(): __class__ cell not found")
+            first = frame_locals[code.co_varnames[0]]
+            clone_globals = frame.f_globals
+            depth = clone_globals.depth + 1 if isinstance(clone_globals, _CloneGlobals) \
+                else REACH_DEPTH
+        return _DeviceSuper(builtins.super(owner, first), owner, first, self, depth)
 
     def _name(self, value: Any) -> None:
         name = f"{value.__module__}.{value.__qualname__}"
