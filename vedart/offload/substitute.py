@@ -17,10 +17,10 @@ Rules a user can rely on:
   top-level package; ``__main__`` for a script) or from a module that binds NumPy or SciPy
   names (a function judged by the module whose globals its code reads, so a wrapper made
   elsewhere, as ``@veda.gpu``'s, is not). A reached function runs as a clone made on first use
-  (again when its code or defaults change); a reached class is seen as a device class, a subclass whose methods, static and class
-  methods and properties (its own and its reached bases', also when found through
-  ``super()``) are clones, whose ``isinstance``
-  answers as the class's does, and whose objects get the class back when they are returned
+  (again when its code or defaults change); a reached class is seen as a device class, a
+  subclass whose methods, static and class methods and properties (its own and its reached
+  bases', also when found through ``super()``) are clones, whose ``isinstance`` answers as the
+  class's does, and whose objects get the class back when they are returned
   (``type(model) is Model``). Reaching goes ``REACH_DEPTH`` calls deep and stops after
   ``REACH_FUNCTIONS`` functions; it never reaches vedart, CuPy, Numba or Dask code, exception
   and enum classes, classes of other metaclasses than ``type`` and ``abc.ABCMeta``, or classes
@@ -418,9 +418,9 @@ class _ReachedModule:
 class Reach:
     """The helpers one decorated function's clone reaches (see the module docstring): their
     device clones and device classes, made on first use, cached (made again when a function's
-    code or defaults, or a class's methods, change), at most ``REACH_DEPTH`` calls deep and ``REACH_FUNCTIONS``
-    functions in all. ``home``: the decorated function's module, whose package is reached
-    whether or not it binds NumPy. Thread-safe."""
+    code or defaults, or a class's methods, change), at most ``REACH_DEPTH`` calls deep and
+    ``REACH_FUNCTIONS`` functions in all. ``home``: the decorated function's module, whose
+    package is reached whether or not it binds NumPy. Thread-safe."""
 
     def __init__(self, mapper: ModuleMapper, home: str) -> None:
         self._mapper = mapper
