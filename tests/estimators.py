@@ -1,5 +1,7 @@
-"""A user's own NumPy library, as GPU tests and ``bench helpers`` call it: a class whose
-methods make arrays, a helper that builds a matrix, and small functions calling each other."""
+"""A user's own NumPy library, as the GPU tests of reach call it (with
+:mod:`vedart.bench.workloads`): estimator classes whose methods make arrays, a base class
+reached through ``super()``, a class with ``__slots__``, and a helper that cannot run on the
+device."""
 
 from __future__ import annotations
 
@@ -7,49 +9,17 @@ from typing import Any
 
 import numpy as np
 
+from vedart.bench import workloads
 
-class WeightedLeastSquares:
-    """Weighted least squares with an intercept: ``fit`` solves (X'WX) b = X'Wy."""
 
-    def __init__(self) -> None:
-        self.coef: Any = None
-
-    def _design(self, x: Any) -> Any:
-        return np.hstack([np.ones((x.shape[0], 1)), x])
-
-    def fit(self, x: Any, y: Any, w: Any) -> WeightedLeastSquares:
-        design = self._design(x)
-        weighted = design.T @ np.diag(w)
-        self.coef = np.linalg.solve(weighted @ design, weighted @ y)
-        return self
+class WeightedLeastSquares(workloads.WeightedLeastSquares):
+    """The bench's estimator, its predictions filled in place as code written for NumPy does
+    (``np.empty``, then ``[:] =``): without reach that fails on the device."""
 
     def predict(self, x: Any) -> Any:
-        predictions = np.empty(x.shape[0])  # filled in place, as code written for NumPy does
-        predictions[:] = self._design(x) @ self.coef
+        predictions = np.empty(x.shape[0])
+        predictions[:] = self.design(x) @ self.coef
         return predictions
-
-
-def dft_matrix(n: int) -> Any:
-    k = np.arange(n)
-    return np.exp(-2j * np.pi * np.outer(k, k) / n)
-
-
-def naive_dft(x: Any) -> Any:
-    return dft_matrix(len(x)) @ x
-
-
-def centre(x: Any) -> Any:
-    return x - x.mean(axis=0)
-
-
-def covariance(x: Any) -> Any:
-    centred = centre(x)
-    return centred.T @ centred / (len(x) - 1)
-
-
-def correlation(x: Any) -> Any:
-    scale = np.sqrt(np.diag(covariance(x)))
-    return covariance(x) / np.outer(scale, scale)
 
 
 def byte_total(x: Any) -> int:

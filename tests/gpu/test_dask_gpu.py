@@ -19,6 +19,20 @@ pytest.importorskip("dask_cuda")
 RTOL_FLOAT32 = 1e-4  # 1000-term float32 dot products summed 1000 times, cuBLAS vs CPU BLAS
 
 
+def gpu_map_equals_numpy(count: int, seed: int) -> list[np.ndarray]:
+    """``count`` float32 1000x1000 matrices through gpu_map(process) on the current runtime,
+    each result checked against NumPy's; the matrices."""
+    rng = np.random.default_rng(seed)
+    matrices = [rng.random((1000, 1000), dtype=np.float32) for _ in range(count)]
+    results = veda.par_iter(matrices).gpu_map(process).collect()
+    assert len(results) == len(matrices)
+    for result, matrix in zip(results, matrices):
+        expected = process(matrix)
+        assert type(result) is np.ndarray and result.dtype == expected.dtype == np.float32
+        np.testing.assert_allclose(result, expected, rtol=RTOL_FLOAT32)
+    return matrices
+
+
 def test_gpu_map_on_a_local_cuda_cluster_equals_numpy_and_reports_the_gpu() -> None:
     runtime = veda.init(veda.Config.builder().scheduler("dask").devices([0])
                         .cost_model("static").build())
@@ -28,14 +42,7 @@ def test_gpu_map_on_a_local_cuda_cluster_equals_numpy_and_reports_the_gpu() -> N
     assert len(workers) == 1 and len(workers[0]["gpus"]) == 1, workers
     assert workers[0]["gpus"][0].startswith("GPU 0: "), workers
 
-    rng = np.random.default_rng(11)
-    matrices = [rng.random((1000, 1000), dtype=np.float32) for _ in range(16)]
-    results = veda.par_iter(matrices).gpu_map(process).collect()
-    assert len(results) == len(matrices)
-    for result, matrix in zip(results, matrices):
-        expected = process(matrix)
-        assert type(result) is np.ndarray and result.dtype == expected.dtype == np.float32
-        np.testing.assert_allclose(result, expected, rtol=RTOL_FLOAT32)
+    matrices = gpu_map_equals_numpy(count=16, seed=11)
 
     own = runtime.dask.client.submit(scaled_column_sums, matrices[0]).result()
     np.testing.assert_allclose(own, (matrices[0] * 2.0).sum(axis=0), rtol=RTOL_FLOAT32)
@@ -60,14 +67,7 @@ def test_gpu_map_on_a_two_worker_local_cuda_cluster_uses_both_gpus() -> None:
     workers = runtime.dask.describe()["workers"]
     assert sorted(len(worker["gpus"]) for worker in workers) == [1, 1], workers
 
-    rng = np.random.default_rng(12)
-    matrices = [rng.random((1000, 1000), dtype=np.float32) for _ in range(64)]
-    results = veda.par_iter(matrices).gpu_map(process).collect()
-    assert len(results) == len(matrices)
-    for result, matrix in zip(results, matrices):
-        expected = process(matrix)
-        assert type(result) is np.ndarray and result.dtype == expected.dtype == np.float32
-        np.testing.assert_allclose(result, expected, rtol=RTOL_FLOAT32)
+    matrices = gpu_map_equals_numpy(count=64, seed=12)
 
     veda.report(file=io.StringIO())  # gathers the workers' telemetry
     rows = runtime.telemetry.snapshot()["workers"]

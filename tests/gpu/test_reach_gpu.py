@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import vedart as veda
+from vedart.bench import workloads
 
 pytestmark = pytest.mark.gpu
 
@@ -24,11 +25,11 @@ def fitted(x: Any, y: Any, w: Any) -> est.WeightedLeastSquares:
 
 
 def transform(x: Any) -> Any:
-    return est.correlation(x)
+    return workloads.correlation(x)
 
 
 def spectrum(x: Any) -> Any:
-    return np.abs(est.naive_dft(x))
+    return workloads.naive_spectrum(x)
 
 
 @pytest.fixture
