@@ -14,8 +14,9 @@ from fakes import FakeProbe
 
 import vedart as veda
 from vedart import calibrate
-from vedart.bench import helpers, ops, overhead, transfer_cold, workloads
-from vedart.bench.harness import interleaved_medians, interleaved_samples, round_orders
+from vedart.bench import harness, helpers, ops, overhead, transfer_cold, workloads
+from vedart.bench.harness import (interleaved_medians, interleaved_samples, round_orders,
+                                  rounds_per_block)
 from vedart.bench.transfer import _targets_met
 from vedart.cli import main
 
@@ -47,7 +48,8 @@ def test_interleaved_samples_add_whole_cycles_while_the_budget_lasts(budget_s: f
                                   budget_s=budget_s, max_repeats=24)
     assert {name: len(values) for name, values in samples.items()} == dict.fromkeys(runs,
                                                                                      expected)
-    assert [calls[i:i + 3] for i in range(0, len(calls), 3)] == round_orders(list(runs),
+    assert calls[0] == "a"  # leads in the first round: nothing was warmed
+    assert [calls[i:i + 3] for i in range(1, len(calls), 3)] == round_orders(list(runs),
                                                                             expected)
 
 
@@ -161,13 +163,22 @@ def test_round_orders_let_each_run_follow_each_other_equally_often() -> None:
     names = ["cpu", "gpu", "cupy"]
     orders = round_orders(names, 12)
     assert all(sorted(order) == sorted(names) for order in orders)
-    assert len({tuple(order) for order in orders[:6]}) == 6  # every permutation once
-    assert orders[6:] == orders[:6]
+    assert len({tuple(order) for order in orders[:6]}) == 6 and rounds_per_block(3) == 6
     follows = Counter(pair for order in orders for pair in zip(order, order[1:]))
     assert set(follows.values()) == {4} and len(follows) == 6  # each ordered pair, alike
     # Across round boundaries a name only follows itself.
     assert all(before[-1] == after[0] for before, after in zip(orders, orders[1:]))
     assert round_orders(["a", "b"], 3) == [["a", "b"], ["b", "a"], ["a", "b"]]
+
+
+@pytest.mark.parametrize("count", [4, 5, 6])
+def test_a_block_of_round_orders_balances_any_number_of_runs(count: int) -> None:
+    names = [f"run{i}" for i in range(count)]
+    block = rounds_per_block(count)
+    assert block == (count if count % 2 == 0 else 2 * count)  # not count! rounds
+    follows = Counter(pair for order in round_orders(names, block)
+                      for pair in zip(order, order[1:]))
+    assert len(follows) == count * (count - 1) and len(set(follows.values())) == 1
 
 
 def test_interleaved_medians_time_each_run_once_per_round_in_those_orders() -> None:
@@ -177,9 +188,36 @@ def test_interleaved_medians_time_each_run_once_per_round_in_those_orders() -> N
     medians = interleaved_medians(runs, repeats=4, warmup={"gpu": 2},
                                   synchronize={"cupy": lambda: synced.append("cupy")})
     assert calls[:4] == ["cpu", "gpu", "gpu", "cupy"]  # warm-up: 1 each unless told
-    assert calls[4:] == [name for order in round_orders(list(runs), 4) for name in order]
-    assert len(synced) == 1 + 4 and set(medians) == {"cpu", "gpu", "cupy"}
+    # Rounded up to a whole block of 6; the first round, starting with another run than the
+    # last warmed, is led in by an untimed run of its first.
+    assert calls[4:] == ["cpu"] + [name for order in round_orders(list(runs), 6)
+                                   for name in order]
+    assert len(synced) == 1 + 6 and set(medians) == {"cpu", "gpu", "cupy"}
     assert all(seconds >= 0 for seconds in medians.values())
+
+
+def test_interleaved_samples_time_no_run_right_after_another_across_rounds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    runs = {name: functools.partial(calls.append, name) for name in ("np", "a", "b", "hand")}
+    clock = harness.time.perf_counter
+    monkeypatch.setattr(harness.time, "perf_counter", lambda: calls.append("clock") or clock())
+    samples = interleaved_samples(runs, repeats=5, warmup=dict.fromkeys(runs, 1))
+    assert {len(values) for values in samples.values()} == {8}  # two blocks of four
+    # What ran just before each timed run (one the clock started for): each other run
+    # equally often, or itself (an untimed lead-in at a round's boundary).
+    calls.remove("clock")  # the rounds' start, read once; then each timed run's start, end
+    before_timed: Counter[tuple[str, str]] = Counter()
+    previous, clocks = "", 0
+    for call in calls:
+        if call == "clock":
+            clocks += 1
+            continue
+        if clocks % 2:
+            before_timed[previous, call] += 1
+        previous = call
+    distinct = {pair: count for pair, count in before_timed.items() if pair[0] != pair[1]}
+    assert len(distinct) == 12 and set(distinct.values()) == {2}
 
 
 def test_transfer_targets_treat_the_baseline_call_itself_as_met() -> None:

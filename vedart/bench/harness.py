@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import datetime
-import itertools
 import json
-import math
 import os
 import platform
 import statistics
@@ -40,23 +38,44 @@ def median_seconds(run: Callable[[], Any], *, repeats: int, warmup: int = 1,
 
 
 def round_orders(names: list[str], rounds: int) -> list[list[str]]:
-    """The order of ``names`` in each of ``rounds`` rounds: every permutation in turn, each
-    round starting with the name the previous one ended with where an unused permutation
-    allows. Within every ``len(names)!`` rounds each name then directly follows each other
-    name equally often, and round boundaries only repeat a name. (Rotating one order keeps
-    each name's successor fixed: with three runs, one always came right after the same other.)
-    """
-    permutations = [list(order) for order in itertools.permutations(names)]
-    unused: list[list[str]] = []
+    """The order of ``names`` in each of ``rounds`` rounds: blocks of a Williams design, in which
+    each name directly follows each other name equally often (once per block of ``len(names)``
+    rounds for an even count of names, twice per block of ``2 * len(names)`` for an odd one),
+    the rounds of a block arranged so that a round starts with the name the previous one ended
+    with where the block allows. Cycling through all permutations instead balances only over
+    ``len(names)!`` rounds: with four runs and five rounds, one run followed the CPU run in
+    three rounds and another in none."""
+    block = _williams_block(names)
     orders: list[list[str]] = []
-    for _ in range(rounds):
-        if not unused:
-            unused = list(permutations)
-        after = [order for order in unused if orders and order[0] == orders[-1][-1]]
-        order = (after or unused)[0]
-        unused.remove(order)
-        orders.append(order)
+    while len(orders) < rounds:
+        unused = list(block)
+        while unused and len(orders) < rounds:
+            after = [order for order in unused if orders and order[0] == orders[-1][-1]]
+            order = (after or unused)[0]
+            unused.remove(order)
+            orders.append(order)
     return orders
+
+
+def rounds_per_block(count: int) -> int:
+    """Rounds in one balanced block of :func:`round_orders` for ``count`` names."""
+    return count if count % 2 == 0 or count == 1 else 2 * count
+
+
+def _williams_block(names: list[str]) -> list[list[str]]:
+    count = len(names)
+    offsets = [0]  # 0, 1, n-1, 2, n-2, ...: every difference between neighbours once
+    low, high = 1, count - 1
+    while len(offsets) < count:
+        offsets.append(low)
+        low += 1
+        if len(offsets) < count:
+            offsets.append(high)
+            high -= 1
+    rows = [[names[(start + offset) % count] for offset in offsets] for start in range(count)]
+    if rounds_per_block(count) > count:
+        rows += [row[::-1] for row in rows]
+    return rows
 
 
 def interleaved_medians(runs: dict[str, Callable[[], Any]], *, repeats: int,
@@ -81,25 +100,36 @@ def interleaved_samples(runs: dict[str, Callable[[], Any]], *, repeats: int,
     a slow spell of the machine affects all of them alike, in the orders of
     :func:`round_orders`, so each run follows each other run equally often (on the H100 the
     first GPU call after a millisecond of CPU work took 1.2-1.5x its usual time, whoever made
-    it). At least ``repeats`` rounds; with ``budget_s``, further whole cycles of every order
-    until ``budget_s`` seconds of rounds have passed, up to ``max_repeats`` rounds in all (a
-    cheap case gets many samples; the stop is read from elapsed time, not from a first round
-    that may have been slow). ``warmup[name]`` untimed runs first (default 1),
-    ``synchronize[name]`` inside its spans, ``setup[name]`` untimed before each of its runs
-    (installing the runtime it runs on, say)."""
+    it). Where a round starts with another run than the one just timed, that run is first
+    made once untimed, so no run is timed right after another across a round's boundary. At
+    least ``repeats`` rounds, rounded up to whole balanced blocks (:func:`rounds_per_block`);
+    with ``budget_s``, further whole blocks until ``budget_s`` seconds of rounds have passed,
+    up to ``max_repeats`` rounds in all (a cheap case gets many samples; the stop is read from
+    elapsed time, not from a first round that may have been slow). ``warmup[name]`` untimed
+    runs first (default 1), ``synchronize[name]`` inside its spans, ``setup[name]`` untimed
+    before each of its runs (installing the runtime it runs on, say)."""
     warmup, synchronize, setup = warmup or {}, synchronize or {}, setup or {}
-    for name, run in runs.items():
-        for _ in range(warmup.get(name, 1)):
-            setup.get(name, _nothing)()
-            run()
+
+    def untimed(name: str) -> None:
+        setup.get(name, _nothing)()
+        runs[name]()
         if name in synchronize:
             synchronize[name]()
-    cycle = math.factorial(len(runs))
+
+    last = None
+    for name in runs:
+        for _ in range(warmup.get(name, 1)):
+            untimed(name)
+            last = name
+    block = rounds_per_block(len(runs))
+    least = -(-repeats // block) * block
     samples: dict[str, list[float]] = {name: [] for name in runs}
     began = time.perf_counter()
-    for done, order in enumerate(round_orders(list(runs), max(repeats, max_repeats))):
-        if done >= repeats and done % cycle == 0 and time.perf_counter() - began >= budget_s:
+    for done, order in enumerate(round_orders(list(runs), max(least, max_repeats))):
+        if done >= least and done % block == 0 and time.perf_counter() - began >= budget_s:
             break
+        if order[0] != last:
+            untimed(order[0])
         for name in order:
             setup.get(name, _nothing)()
             started = time.perf_counter()
@@ -107,6 +137,7 @@ def interleaved_samples(runs: dict[str, Callable[[], Any]], *, repeats: int,
             if name in synchronize:
                 synchronize[name]()
             samples[name].append(time.perf_counter() - started)
+        last = order[-1]
     return samples
 
 
