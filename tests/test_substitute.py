@@ -4,6 +4,7 @@ shared."""
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import types
@@ -182,6 +183,7 @@ def permissive(monkeypatch: pytest.MonkeyPatch) -> ModuleMapper:
         accepting("round"), accepting("percentile"), accepting("histogram"))
     linalg.eigh = lambda m: (accepting("eigh")(m), None)  # type: ignore[attr-defined]
     fft.rfft2 = accepting("rfft2")  # type: ignore[attr-defined]
+    device.asarray = np.asarray  # type: ignore[attr-defined]
     device.linalg, device.fft, device.seen = linalg, fft, seen  # type: ignore[attr-defined]
     for module in (device, linalg, fft):
         monkeypatch.setitem(sys.modules, module.__name__, module)
@@ -214,6 +216,30 @@ def test_histogram_of_integers_is_counted_on_float64_samples(
     device_clone(counts, permissive)(np.arange(5, dtype=np.float32))
     assert sys.modules["permissive_numpy"].seen == [  # type: ignore[attr-defined]
         ("histogram", np.dtype(np.float64)), ("histogram", np.dtype(np.float32))]
+
+
+def percentile_30(x: np.ndarray, axis: int | None) -> Any:
+    return np.percentile(x, 30, axis=axis)
+
+
+@pytest.mark.parametrize(("shape", "axis"), [((0,), None), ((3, 0, 5, 4), None), ((3, 0), 0),
+                                             ((3, 0), 1), ((0, 3), 1)])
+def test_percentile_of_an_empty_array_is_numpys_answer_without_device_work(
+        permissive: ModuleMapper, shape: tuple[int, ...], axis: int | None) -> None:
+    """CuPy's percentile of an empty array read out of bounds on the H100."""
+    x = np.empty(shape, dtype=">u8")
+    try:
+        expected: Any = np.percentile(x, 30, axis=axis)
+    except IndexError as error:
+        with pytest.raises(IndexError, match=re.escape(str(error))):
+            device_clone(percentile_30, permissive)(x, axis)
+    else:
+        got = device_clone(percentile_30, permissive)(x, axis)
+        assert (got.shape, got.dtype) == (expected.shape, expected.dtype)
+    assert sys.modules["permissive_numpy"].seen == []  # type: ignore[attr-defined]
+    device_clone(percentile_30, permissive)(np.ones(3), None)
+    assert sys.modules["permissive_numpy"].seen == [  # type: ignore[attr-defined]
+        ("percentile", np.dtype(np.float64))]
 
 
 def inverse(m: np.ndarray) -> Any:

@@ -34,7 +34,8 @@ Rules a user can rely on:
 - Some device functions are adjusted to answer as NumPy's do (:func:`_as_numpy_does`): named
   tuples from ``numpy.linalg``, CuPy's linear algebra raising what cuSOLVER reports (a singular
   matrix), 0-d arrays from array makers, NumPy's own exception where CuPy accepts a dtype NumPy
-  rejects, ``np.histogram`` of integers counted as NumPy counts them.
+  rejects, ``np.histogram`` of integers counted as NumPy counts them, ``np.percentile`` and
+  its kin of an empty array answered by NumPy.
 """
 
 from __future__ import annotations
@@ -199,6 +200,12 @@ _NO_IDENTITY: dict[str, frozenset[str]] = {"numpy": frozenset({
     "max", "min", "amax", "amin", "argmax", "argmin", "ptp", "nanmax", "nanmin", "nanargmax",
     "nanargmin"})}
 
+# Functions that CuPy runs into an illegal memory access for an empty argument
+# (``np.percentile`` of a (3, 0, 5, 4) array, H100, 2026-11-25; the CUDA context is then
+# unusable): with an empty first argument NumPy's function answers on the host (no data to copy).
+_HOST_WHEN_EMPTY: dict[str, frozenset[str]] = {"numpy": frozenset({
+    "percentile", "quantile", "nanpercentile", "nanquantile"})}
+
 
 def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
                    name: str, device_module: str) -> Any:
@@ -232,6 +239,8 @@ def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
     adjusted = _with_numpys_result_type(device_function, host_module, name)
     if device_module == "cupy.linalg":
         adjusted = _raising_linalg_errors(adjusted)
+    if name in _HOST_WHEN_EMPTY.get(host_module, ()) and callable(host_function):
+        adjusted = _on_host_when_empty(adjusted, host_function, device_module)
     rejected = _NUMPY_REJECTS.get(host_module, {}).get(name)
     empty_checked = name in _NO_IDENTITY.get(host_module, ())
     if (rejected is None and not empty_checked) or not callable(host_function):
@@ -247,6 +256,30 @@ def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
         return adjusted(*args, **kwargs)
 
     return checked
+
+
+def _on_host_when_empty(device_function: Any, host_function: Any, device_module: str) -> Any:
+    """``device_function``, except that for an empty first argument (and no ``out=``)
+    ``host_function`` runs on host copies of the arguments: NumPy's exception, or NumPy's
+    result (an array of it on the device)."""
+    @functools.wraps(device_function)
+    def host_when_empty(*args: Any, **kwargs: Any) -> Any:
+        if not args or getattr(args[0], "size", None) != 0 or "out" in kwargs:
+            return device_function(*args, **kwargs)
+        result = host_function(*map(_on_host, args),
+                               **{key: _on_host(value) for key, value in kwargs.items()})
+        if isinstance(result, numpy.ndarray):
+            return importlib.import_module(device_module).asarray(result)
+        return result
+
+    return host_when_empty
+
+
+def _on_host(value: Any) -> Any:
+    """``value`` copied to a NumPy array when it is a device array, else ``value``."""
+    if hasattr(value, "__cuda_array_interface__") and hasattr(value, "get"):
+        return value.get()
+    return value
 
 
 def _raising_linalg_errors(device_function: Any) -> Any:
