@@ -216,9 +216,14 @@ def test_workers_run_gpu_functions_with_the_clients_config(client: Any) -> None:
                                (matrix * 2.0).sum(axis=0))
 
 
-def test_an_embedded_cpu_clusters_workers_use_no_gpu_and_a_callers_may(client: Any) -> None:
-    on_dask(client)
-    assert set(client.run(worker_gpu_setting).values()) == {True}  # the GPUs each one sees
+def test_the_workers_of_a_cpu_cluster_of_this_host_use_no_gpu_and_others_may(
+        cluster: Any, client: Any) -> None:
+    on_dask(client)  # the caller's client of a LocalCluster
+    assert set(client.run(worker_gpu_setting).values()) == {False}
+    by_address = veda.init(veda.Config.builder().scheduler("dask")
+                           .dask_address(cluster.scheduler_address).build())
+    assert by_address.dask is not None  # workers that may be on other hosts: the GPUs they see
+    assert set(by_address.dask.client.run(worker_gpu_setting).values()) == {True}
     runtime = veda.init(veda.Config.builder().scheduler("dask").dask_cluster("cpu")
                         .dask_workers(1).build())
     assert runtime.dask is not None and runtime.config.gpu
@@ -441,10 +446,29 @@ def test_the_bench_checks_results_and_skips_the_gpu_row_with_its_reason() -> Non
     assert python["items"] == 20 and python["workers"] == 1 and python["speedup"] > 0
     if result["gpu_map"] is not None:  # a host with a GPU and dask-cuda
         assert result["gpu_map"]["matrices"] == 4 and result["gpu_map"]["ratio"] > 0
+        assert (result["gpu_map"]["cost_model"], result["static_gpu_map"]["cost_model"]) == \
+            ("default", "static")
         return
     assert result["gpu_note"].startswith(("no GPU", "dask-cuda not installed"))
     assert f"gpu_map on a LocalCUDACluster: skipped: {result['gpu_note']}" in \
         bench.format_table(result)
+
+
+def test_the_bench_table_holds_the_default_row_against_the_target_and_the_static_row() -> None:
+    from vedart.bench import dask as bench
+
+    def gpu_row(cost_model: str, ratio: float) -> dict[str, Any]:
+        return {"matrices": 64, "shape": [1000, 1000], "cost_model": cost_model, "gpus": 1,
+                "threads_s": 0.1, "dask_s": 0.1 * ratio, "ratio": ratio}
+
+    result = {"python_map": {"items": 2000, "item_ms": 2.0, "threads": 16, "workers": 8,
+                             "threads_s": 4.0, "dask_s": 0.8, "speedup": 5.0},
+              "gpu_map": gpu_row("default", 1.6), "static_gpu_map": gpu_row("static", 1.1)}
+    lines = bench.format_table(result).splitlines()
+    assert lines[1].startswith("default config, gpu_map over 64") and \
+        lines[1].endswith("ratio 1.60x (target <= 1.5) MISSED")
+    assert lines[2].startswith("static config, gpu_map over 64") and \
+        lines[2].endswith("ratio 1.10x")
 
 
 def test_a_workers_config_keeps_the_clients_settings_and_drops_what_is_the_clients() -> None:

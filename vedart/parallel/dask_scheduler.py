@@ -22,6 +22,7 @@ Contracts (as on the thread scheduler, :mod:`vedart.parallel.scheduler`):
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import weakref
@@ -89,6 +90,13 @@ def embedded_cluster(config: Config, gpus: int) -> Any:
                                     dashboard_address=":0")
 
 
+def _is_cuda_cluster(cluster: Any) -> bool:
+    """Whether ``cluster`` is a dask-cuda ``LocalCUDACluster`` (whose maker imported
+    dask-cuda)."""
+    dask_cuda = sys.modules.get("dask_cuda")
+    return dask_cuda is not None and isinstance(cluster, dask_cuda.LocalCUDACluster)
+
+
 # One shared-memory ring per LocalCluster, for every runtime that uses it.
 _rings: weakref.WeakKeyDictionary[Any, SharedRing | None] = weakref.WeakKeyDictionary()
 _rings_lock = threading.Lock()
@@ -104,15 +112,22 @@ class DaskCluster:
         self._owns_client = owns_client
         self._timeout = timeout
 
+    def local_cluster(self) -> Any:
+        """The ``LocalCluster`` (dask-cuda's included) of this host that the workers belong
+        to: the runtime's own, or the one the caller's client was made with; None for a
+        cluster reached by address or a client of another kind of cluster."""
+        distributed = require("distributed")
+        local = self.cluster if self.cluster is not None else getattr(self.client, "cluster",
+                                                                        None)
+        return local if isinstance(local, distributed.LocalCluster) else None
+
     def shared_ring(self) -> SharedRing | None:
         """The ring batches reach a cluster of this host through: the runtime's own, or a
         ``LocalCluster`` the caller's client was made with (one ring per cluster, made on first
         use and closed with the cluster). None for a cluster reached by address, whose workers
         may be on other hosts, or where shared memory is short (:mod:`.dask_shared`)."""
-        distributed = require("distributed")
-        local = self.cluster if self.cluster is not None else getattr(self.client, "cluster",
-                                                                        None)
-        if not isinstance(local, distributed.LocalCluster):
+        local = self.local_cluster()
+        if local is None:
             return None
         with _rings_lock:
             if local not in _rings:
@@ -151,9 +166,10 @@ class DaskCluster:
                 raise
         started = cls(client, cluster, config.dask_client is None, config.dask_timeout)
         try:
-            # An embedded CPU cluster's many workers would each take every GPU of the host
+            # The many workers of a CPU cluster of this host would each take every GPU of it
             # (contexts, staging buffers, a staging loop loading beside the first tasks).
-            use_gpus = cluster is None or embedded_kind(config, gpus) == "cuda"
+            local = started.local_cluster()
+            use_gpus = local is None or _is_cuda_cluster(local)
             answers = client.register_plugin(RuntimePlugin(config, use_gpus), name=PLUGIN_NAME)
         except BaseException:
             started.close()
