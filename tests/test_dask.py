@@ -140,6 +140,24 @@ def test_an_endless_source_is_read_only_as_far_as_the_window(client: Any) -> Non
     assert len(read) <= 3 * (DASK_WINDOW_PER_THREAD * 2 + 1)
 
 
+def test_until_a_task_has_measured_the_items_one_single_item_task_per_worker_runs(
+        client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    on_dask(client)
+    submitted: list[list[int]] = []  # items per batch, per submission
+    real_map = client.map
+
+    def recording_map(function: Any, steps: Any, batches: list[Any], *rest: Any,
+                      **options: Any) -> Any:
+        submitted.append([len(batch) for batch in batches])
+        return real_map(function, steps, batches, *rest, **options)
+
+    monkeypatch.setattr(client, "map", recording_map)
+    assert veda.par_iter(range(60)).map(slow_identity).collect() == list(range(60))
+    assert submitted[0] == [1, 1]  # two single-threaded workers
+    # 10 ms items: about 0.1 s of work per task once measured
+    assert max(submitted[1]) >= 5
+
+
 def test_an_item_that_raises_names_its_index_and_stage(client: Any) -> None:
     on_dask(client)
     with pytest.raises(veda.ParIterError, match=r"item 7 failed in stage #2 map\(fails_on") \

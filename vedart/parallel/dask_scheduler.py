@@ -44,7 +44,10 @@ from vedart.parallel.elementwise import Step
 from vedart.parallel.scheduler import ChunkPolicy, WindowedReader
 from vedart.telemetry import Telemetry
 
-DASK_TASK_SECONDS = 0.05    # a Dask task costs about a millisecond of scheduling and transfer
+# Between two tasks a worker idles 10-25 ms when its tasks hold the GIL (its event loop waits
+# for the lock); with 0.1 s tasks the GIL-bound map of ``bench dask`` ran in 0.49-0.58 s, with
+# 0.05 s tasks in 0.64-1.02 s (H100, 8 workers, 2026-11-25).
+DASK_TASK_SECONDS = 0.1
 DASK_WINDOW_PER_THREAD = 4  # one running, the rest queued on the worker while results travel
 POLL_S = 0.5                # how often a wait checks that the scheduler still answers
 EXTRAS = {"distributed": "dask", "dask_cuda": "dask-cuda"}
@@ -291,7 +294,8 @@ class DaskReader(WindowedReader[_Submitted]):
     The window is refilled once at least one task per worker thread has room, all those tasks
     in one submission: submitted one by one, the GIL-bound map of ``bench dask`` ran 3.9-4.1x
     faster than threads on 8 workers, grouped 4.65x, where one ``client.map`` of all the same
-    batches reached 6.7x (H100, 2026-11-24)."""
+    batches reached 6.7x (H100, 2026-11-24). Until a task has measured the items, only one
+    task per worker thread is in flight, of one item each."""
 
     def __init__(self, upstream: Reader, steps: Sequence[Step], cluster: DaskCluster,
                  chunks: ChunkPolicy, telemetry: Telemetry) -> None:
@@ -309,9 +313,13 @@ class DaskReader(WindowedReader[_Submitted]):
     def _fill(self) -> None:
         if self._tasks and self._window - len(self._tasks) < self._refill_at:
             return
+        # Until a task has measured the items, one single-item task per worker thread: a whole
+        # window of them would each pay a Dask task's cost (10-25 ms between a GIL-bound
+        # worker's tasks on the H100) for one item.
+        limit = self._window if self._chunks.sized else self._refill_at
         batches: list[Batch] = []
         try:
-            while len(self._tasks) + len(batches) < self._window:
+            while len(self._tasks) + len(batches) < limit:
                 batch = self._upstream.read(self._chunks.size)
                 if batch is None:
                     self._ended = True

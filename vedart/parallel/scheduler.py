@@ -139,12 +139,15 @@ class ChunkPolicy:
         self._fixed = fixed
         self._target_seconds = target_seconds
         self.size = 1 if fixed is None else fixed
+        # Whether ``size`` is known: fixed, or from a measured task.
+        self.sized = fixed is not None
 
     def observe(self, items: int, seconds: float) -> None:
         """Account a task of ``items`` items that took ``seconds`` (called from workers; a
         lost update between concurrent callers only delays the adjustment)."""
         if self._fixed is not None or items == 0:
             return
+        self.sized = True
         per_item = seconds / items
         self.size = MAX_CHUNK if per_item <= 0 else max(1, min(MAX_CHUNK,
                                                               int(self._target_seconds / per_item)))
