@@ -141,7 +141,8 @@ def _gpu_map(repeats: int, matrices: int, devices: list[int],
                 + row["gpu_calls"]
     veda.shutdown()
     return {"matrices": matrices, "shape": [SIZE, SIZE], "dtype": "float32",
-            "cost_model": cost_model or "default", "gpus": len(devices), "device_name": device.devices[0].name if device else None,
+            "cost_model": cost_model or "default", "gpus": len(devices),
+            "device_name": device.devices[0].name if device else None,
             "threads_s": seconds["threads"], "dask_s": seconds["dask"],
             "ratio": seconds["dask"] / seconds["threads"], "worker_gpu_calls": worker_gpu_calls}
 
@@ -187,6 +188,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 def _gpu_line(row: dict[str, Any]) -> str:
     gpus = "one-GPU" if row["gpus"] == 1 else f"{row['gpus']}-GPU"
-    return (f"{row['cost_model']} config, gpu_map over {row['matrices']} float32 {row['shape'][0]}x{row['shape'][1]} "
-            f"(results equal NumPy's): threads {row['threads_s'] * 1e3:.1f} ms, {gpus} "
-            f"LocalCUDACluster {row['dask_s'] * 1e3:.1f} ms, ratio {row['ratio']:.2f}x")
+    return (f"{row['cost_model']} config, gpu_map over {row['matrices']} float32 "
+            f"{row['shape'][0]}x{row['shape'][1]} (results equal NumPy's): threads "
+            f"{row['threads_s'] * 1e3:.1f} ms, {gpus} LocalCUDACluster "
+            f"{row['dask_s'] * 1e3:.1f} ms, ratio {row['ratio']:.2f}x")
