@@ -32,8 +32,11 @@ def test_ops_suite_runs_without_a_gpu_and_reports_regret() -> None:
         assert row["adaptive_oracle_s"] == row["adaptive_phase_cpu_s"]
         assert row["adaptive_regret"] == row["adaptive_s"] / row["adaptive_phase_cpu_s"]
         assert row["static_regret"] > 0 and row["adaptive_regret"] > 0
-        for rounds in (row["static_rounds"], row["adaptive_rounds"]):  # cheap cases: more
-            assert 6 < rounds <= ops.MAX_ROUNDS and rounds % 2 == 0  # cycles of two orders
+        for rounds in (row["static_rounds"], row["adaptive_rounds"]):
+            assert 6 <= rounds <= ops.MAX_ROUNDS and rounds % 2 == 0  # cycles of two orders
+    # Cheap cases get more rounds within the budget (a 64 KB matmul took 32 ms a call on a
+    # loaded 2-core machine, and got only its 6).
+    assert max(row["static_rounds"] for row in result["rows"]) > 6
     assert result["summary"]["meets_target"] is None
     text = ops.format_table(result)
     assert "target (adaptive): geomean <= 1.05, worst <= 1.5: n/a (no GPU)" in text
