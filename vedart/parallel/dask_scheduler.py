@@ -45,8 +45,8 @@ from vedart.parallel.scheduler import ChunkPolicy, WindowedReader
 from vedart.telemetry import Telemetry
 
 # Between two tasks a worker idles 10-25 ms when its tasks hold the GIL (its event loop waits
-# for the lock); with 0.1 s tasks the GIL-bound map of ``bench dask`` ran in 0.49-0.58 s, with
-# 0.05 s tasks in 0.64-1.02 s (H100, 8 workers, 2026-11-25).
+# for the lock); with 0.1 s tasks ``bench dask``'s GIL-bound map, timed alone, ran in
+# 0.49-0.58 s, with 0.05 s tasks in 0.64-1.02 s (H100, 8 workers, 2026-11-25).
 DASK_TASK_SECONDS = 0.1
 DASK_WINDOW_PER_THREAD = 4  # one running, the rest queued on the worker while results travel
 POLL_S = 0.5                # how often a wait checks that the scheduler still answers
