@@ -20,6 +20,7 @@ from vedart.offload.adaptive import (
     CLEARLY_WORSE,
     EXPLORE_TRIES,
     EXPLORE_BUDGET,
+    PATHS,
     RECHECK_CALLS,
     REVISIT_FIRST,
     SAMPLES_KEPT,
@@ -43,10 +44,11 @@ def feed(model: AdaptiveModel, nbytes: int, times: dict[str, float], calls: int,
     model times the call (as @gpu does)."""
     chosen = []
     for _ in range(calls):
-        path, _, timed = model.choose(key, SIG, nbytes)
-        if timed:
-            model.observe(key, SIG, nbytes, path, times[path])
-        chosen.append(path)
+        choice = model.choose(key, SIG, nbytes)
+        if choice.timed:
+            model.observe(key, SIG, nbytes, choice.path, times[choice.path],
+                          switch=choice.switch)
+        chosen.append(choice.path)
     return chosen
 
 
@@ -91,14 +93,14 @@ def test_stops_exploring_a_clearly_worse_path_after_one_sample() -> None:
 
 def test_reason_strings() -> None:
     model = AdaptiveModel()
-    assert model.choose("f", SIG, 16 * MB) == (
+    assert model.choose("f", SIG, 16 * MB)[:3] == (
         "cpu", "adaptive: exploring cpu at ~16.0 MB (first call)", True)
     feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2)
-    assert model.choose("f", SIG, 16 * MB) == (
+    assert model.choose("f", SIG, 16 * MB)[:3] == (
         "gpu", f"adaptive: exploring gpu at ~16.0 MB (0 of {EXPLORE_TRIES} tries)", True)
     feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=8)
     # The cpu, measured clearly worse after one sample, is not explored further.
-    assert model.choose("f", SIG, 16 * MB) == (
+    assert model.choose("f", SIG, 16 * MB)[:3] == (
         "gpu", "adaptive: gpu 3.1 ms vs cpu 9.8 ms at ~16.0 MB (4 samples)", False)
     assert model.choose("g", "<f8:0;n~2^24", 0).reason == \
         "adaptive: exploring cpu for n~2^24 (first call)"
@@ -118,7 +120,7 @@ def test_a_bucket_with_both_paths_reuses_its_choice_until_its_samples_change_it(
     assert model.choose("f", SIG, 16 * MB) is settled
     model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a switch: not learned
     model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a new cpu typical time: tried again
-    assert model.choose("f", SIG, 16 * MB) == (
+    assert model.choose("f", SIG, 16 * MB)[:3] == (
         "cpu", f"adaptive: exploring cpu at ~16.0 MB (2 of {EXPLORE_TRIES} tries)", True)
 
 
@@ -134,7 +136,7 @@ def test_a_settled_bucket_rechecks_its_other_path_at_doubling_intervals() -> Non
     # ... then RECHECK_CALLS timed calls of the chosen path, then the interval's calls.
     assert [b - a for a, b in zip(starts, starts[1:])] == [
         2 * REVISIT_FIRST + 2 * RECHECK_CALLS - 1, 4 * REVISIT_FIRST + 2 * RECHECK_CALLS - 1]
-    assert [choices[index] for index in rechecks[:2]] == [
+    assert [choices[index][:3] for index in rechecks[:2]] == [
         ("cpu", f"adaptive: re-checking cpu at ~16.0 MB, call {call} of {RECHECK_CALLS} "
                 f"(gpu chosen; next check in {2 * REVISIT_FIRST} calls)", True)
         for call in (1, 2)]
@@ -163,9 +165,29 @@ def test_a_rechecks_first_call_is_not_learned_from() -> None:
     before = [seconds for seconds, _ in cpu_samples]
     times = iter([0.050, 0.0097])  # the first call after many gpu calls wakes the cpu path
     for _ in range(4 * REVISIT_FIRST):  # one re-check (at most 3.2x slower: 44 calls apart)
-        path = model.choose("f", SIG, 16 * MB).path
-        model.observe("f", SIG, 16 * MB, path, next(times) if path == "cpu" else 0.0031)
+        choice = model.choose("f", SIG, 16 * MB)
+        if choice.timed:
+            model.observe("f", SIG, 16 * MB, choice.path,
+                          next(times) if choice.path == "cpu" else 0.0031, switch=choice.switch)
     assert [seconds for seconds, _ in cpu_samples] == before + [0.0097]
+
+
+def test_a_rechecks_calls_decided_ahead_of_their_times_are_learned_as_decided() -> None:
+    """In a pipeline later calls are decided before earlier ones have finished: which call is
+    the first on its path after a switch is judged when the calls are decided, so a re-check
+    still learns its second call of each path, whatever order the times come in."""
+    model = AdaptiveModel()
+    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2 * EXPLORE_TRIES)
+    samples = model._samples("f", SIG, size_bucket(16 * MB))
+    cpu_before, gpu_before = ([seconds for seconds, _ in samples[path]] for path in PATHS)
+    choices = [model.choose("f", SIG, 16 * MB) for _ in range(3 * REVISIT_FIRST)]
+    recheck = [choice for choice in choices if choice.timed][:2 * RECHECK_CALLS]
+    assert [(choice.path, choice.switch) for choice in recheck] == [
+        ("cpu", True), ("cpu", False), ("gpu", True), ("gpu", False)]
+    for choice, seconds in reversed(list(zip(recheck, (0.050, 0.0097, 0.009, 0.0030)))):
+        model.observe("f", SIG, 16 * MB, choice.path, seconds, switch=choice.switch)
+    assert [seconds for seconds, _ in samples["cpu"]] == cpu_before + [0.0097]
+    assert [seconds for seconds, _ in samples["gpu"]] == gpu_before + [0.0030]
 
 
 def test_a_recheck_that_finds_the_other_path_faster_is_repeated_soon() -> None:
@@ -209,7 +231,7 @@ def test_generalises_to_an_unseen_size_from_fits_over_other_sizes() -> None:
     model = AdaptiveModel()
     for nbytes in (1 * MB, 4 * MB, 16 * MB):  # cpu 1 ms/MB; gpu 0.2 ms + 0.1 ms/MB
         feed(model, nbytes, {"cpu": nbytes / MB * 1e-3, "gpu": 2e-4 + nbytes / MB * 1e-4}, 6)
-    path, reason, _ = model.choose("f", SIG, 64 * MB)  # never seen: fits say gpu 10x faster
+    path, reason, *_ = model.choose("f", SIG, 64 * MB)  # never seen: fits say gpu 10x faster
     assert path == "gpu" and "exploring" in reason
     model.observe("f", SIG, 64 * MB, "gpu", 2e-4 + 64 * 1e-4)
     feed(model, 64 * MB, {"cpu": 0.064, "gpu": 2e-4 + 64 * 1e-4}, calls=3)

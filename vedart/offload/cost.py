@@ -35,7 +35,10 @@ class Decision:
     ``model`` is the cost model that chose ("static" or "adaptive"); ``free_bytes`` is the
     chosen device's free memory as read for this decision (None when none was read);
     ``timed``: whether the adaptive model learns from this call's time (it explores or
-    re-checks; a settled call is neither timed nor learned from); ``helpers``, from
+    re-checks; a settled call is neither timed nor learned from); ``exploring``: the model has
+    not settled the call's bucket, so the next call's decision depends on this one's time;
+    ``switch``: the model found, deciding it, that the bucket's call before went the other path
+    (None where it did not decide: see ``AdaptiveModel.observe``); ``helpers``, from
     ``explain()``: the helper functions and classes the function's GPU calls ran as device
     clones so far."""
 
@@ -46,15 +49,19 @@ class Decision:
     model: str = "static"
     free_bytes: int | None = None
     timed: bool = True
+    exploring: bool = False
+    switch: bool | None = None
     helpers: tuple[str, ...] = ()
 
     # Every call past the fast path makes one: the generated frozen __init__ (a guarded
     # attribute set per field) took 0.9 us of the model's 2.2 us bookkeeping on a settled call.
     def __init__(self, path: str, reason: str, device: int | None = None, refused: bool = False,
                  model: str = "static", free_bytes: int | None = None, timed: bool = True,
+                 exploring: bool = False, switch: bool | None = None,
                  helpers: tuple[str, ...] = ()) -> None:
         self.__dict__.update(path=path, reason=reason, device=device, refused=refused,
-                             model=model, free_bytes=free_bytes, timed=timed, helpers=helpers)
+                             model=model, free_bytes=free_bytes, timed=timed,
+                             exploring=exploring, switch=switch, helpers=helpers)
 
     @property
     def learned(self) -> bool:
@@ -87,8 +94,8 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     """The decision for one call (see the module docstring for the static rule).
 
     ``size_rule`` (the adaptive model) replaces "at least the threshold" for calls that reach
-    it: it returns a Choice (path, reason, timed), and the memory check, with its NVML query, runs only when it
-    chose the GPU."""
+    it: it returns a Choice (its path, reason and timing flags, carried into the Decision), and
+    the memory check, with its NVML query, runs only when it chose the GPU."""
     wants_gpu = forcing is not None and forcing.path == "gpu"
     forced_by = f"forced by {forcing.source}" if forcing is not None else ""
 
@@ -121,19 +128,20 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     if facts.host_bytes < threshold:
         return cpu(f"below threshold: {format_bytes(facts.host_bytes)} < {format_bytes(threshold)}")
     model = "static" if size_rule is None else "adaptive"
-    learned_reason, timed = "", True
-    if size_rule is not None:
-        path, learned_reason, timed = size_rule()
-        if path == "cpu":
-            return Decision("cpu", learned_reason, model=model, timed=timed)
+    choice = None if size_rule is None else size_rule()
+    if choice is not None and choice.path == "cpu":
+        return Decision("cpu", choice.reason, model=model, timed=choice.timed,
+                        exploring=choice.exploring, switch=choice.switch)
     chosen, free = _most_free(gpu, [device] if device is not None else ordinals, needed)
     if free < needed:
         return cpu(f"device {chosen} has {format_bytes(free)} free, needs {format_bytes(needed)} "
                    f"({headroom:.1f}x inputs)")
-    reason = learned_reason or (f"{format_bytes(facts.host_bytes)} >= threshold "
-                                f"{format_bytes(threshold)}; device {chosen} has "
-                                f"{format_bytes(free)} free")
-    return Decision("gpu", reason, chosen, model=model, free_bytes=free, timed=timed)
+    if choice is not None:
+        return Decision("gpu", choice.reason, chosen, model=model, free_bytes=free,
+                        timed=choice.timed, exploring=choice.exploring, switch=choice.switch)
+    reason = (f"{format_bytes(facts.host_bytes)} >= threshold {format_bytes(threshold)}; "
+              f"device {chosen} has {format_bytes(free)} free")
+    return Decision("gpu", reason, chosen, model=model, free_bytes=free)
 
 
 def _most_free(gpu: GPUContext, ordinals: Sequence[int], needed: float) -> tuple[int, int]:
