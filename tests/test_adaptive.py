@@ -20,7 +20,6 @@ from vedart.offload.adaptive import (
     CLEARLY_WORSE,
     EXPLORE_TRIES,
     EXPLORE_BUDGET,
-    PATHS,
     RECHECK_CALLS,
     REVISIT_FIRST,
     SAMPLES_KEPT,
@@ -44,11 +43,10 @@ def feed(model: AdaptiveModel, nbytes: int, times: dict[str, float], calls: int,
     model times the call (as @gpu does)."""
     chosen = []
     for _ in range(calls):
-        choice = model.choose(key, SIG, nbytes)
-        if choice.timed:
-            model.observe(key, SIG, nbytes, choice.path, times[choice.path],
-                          switch=choice.switch)
-        chosen.append(choice.path)
+        path, _, timed, _ = model.choose(key, SIG, nbytes)
+        if timed:
+            model.observe(key, SIG, nbytes, path, times[path])
+        chosen.append(path)
     return chosen
 
 
@@ -165,29 +163,9 @@ def test_a_rechecks_first_call_is_not_learned_from() -> None:
     before = [seconds for seconds, _ in cpu_samples]
     times = iter([0.050, 0.0097])  # the first call after many gpu calls wakes the cpu path
     for _ in range(4 * REVISIT_FIRST):  # one re-check (at most 3.2x slower: 44 calls apart)
-        choice = model.choose("f", SIG, 16 * MB)
-        if choice.timed:
-            model.observe("f", SIG, 16 * MB, choice.path,
-                          next(times) if choice.path == "cpu" else 0.0031, switch=choice.switch)
+        path = model.choose("f", SIG, 16 * MB).path
+        model.observe("f", SIG, 16 * MB, path, next(times) if path == "cpu" else 0.0031)
     assert [seconds for seconds, _ in cpu_samples] == before + [0.0097]
-
-
-def test_a_rechecks_calls_decided_ahead_of_their_times_are_learned_as_decided() -> None:
-    """In a pipeline later calls are decided before earlier ones have finished: which call is
-    the first on its path after a switch is judged when the calls are decided, so a re-check
-    still learns its second call of each path, whatever order the times come in."""
-    model = AdaptiveModel()
-    feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2 * EXPLORE_TRIES)
-    samples = model._samples("f", SIG, size_bucket(16 * MB))
-    cpu_before, gpu_before = ([seconds for seconds, _ in samples[path]] for path in PATHS)
-    choices = [model.choose("f", SIG, 16 * MB) for _ in range(3 * REVISIT_FIRST)]
-    recheck = [choice for choice in choices if choice.timed][:2 * RECHECK_CALLS]
-    assert [(choice.path, choice.switch) for choice in recheck] == [
-        ("cpu", True), ("cpu", False), ("gpu", True), ("gpu", False)]
-    for choice, seconds in reversed(list(zip(recheck, (0.050, 0.0097, 0.009, 0.0030)))):
-        model.observe("f", SIG, 16 * MB, choice.path, seconds, switch=choice.switch)
-    assert [seconds for seconds, _ in samples["cpu"]] == cpu_before + [0.0097]
-    assert [seconds for seconds, _ in samples["gpu"]] == gpu_before + [0.0030]
 
 
 def test_a_recheck_that_finds_the_other_path_faster_is_repeated_soon() -> None:

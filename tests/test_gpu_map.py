@@ -147,27 +147,25 @@ class LearningOffload(FakeOffload):
     """A FakeOffload decided by a real AdaptiveModel, as @veda.gpu decides above its floor on the
     default configuration, learning injected times: ``cpu_seconds`` for a run on the CPU,
     ``gpu_seconds`` for one on a lane (whose launch sleeps that long; the function should
-    take ``cpu_seconds`` off the lanes, see :func:`costly_on_cpu`). ``timed_running_at_decision``
-    and ``exploring_running_at_decision`` list, per decision, how many calls the model was
-    timing, and of those how many it was exploring with, had not finished."""
+    take ``cpu_seconds`` off the lanes, see :func:`costly_on_cpu`). ``running_at_decision``
+    lists, per decision, how many of the calls the model was timing had not finished: all
+    (``"timed"``), those it was exploring with, and those on the CPU."""
 
     def __init__(self, function: Callable[[np.ndarray], Any], *, cpu_seconds: float,
                  gpu_seconds: float) -> None:
         super().__init__(function, threshold=0, gpu_seconds=gpu_seconds, cpu_model="adaptive")
         self.model = AdaptiveModel()
         self.cpu_seconds = cpu_seconds
-        self.timed_running = self.exploring_running = 0
-        self.timed_running_at_decision: list[int] = []
-        self.exploring_running_at_decision: list[int] = []
+        self.running = {"timed": 0, "exploring": 0, "cpu": 0}
+        self.running_at_decision: dict[str, list[int]] = {kind: [] for kind in self.running}
 
     def plan_call(self, item: np.ndarray) -> FakeCall:
         choice = self.model.choose("f", "|u1:1", item.nbytes)
         with self.lock:
-            self.timed_running_at_decision.append(self.timed_running)
-            self.exploring_running_at_decision.append(self.exploring_running)
-            self.timed_running += choice.timed
-            self.exploring_running += choice.exploring
-        flags = {"timed": choice.timed, "exploring": choice.exploring, "switch": choice.switch}
+            for kind, count in self.running.items():
+                self.running_at_decision[kind].append(count)
+            self._count(choice.timed, choice.exploring, choice.path, 1)
+        flags = {"timed": choice.timed, "exploring": choice.exploring}
         if choice.path == "cpu":
             decision = Decision("cpu", choice.reason, model="adaptive", **flags)
         else:
@@ -182,11 +180,15 @@ class LearningOffload(FakeOffload):
             return
         path = call.decision.path
         self.model.observe("f", "|u1:1", call.host_bytes, path,
-                           self.cpu_seconds if path == "cpu" else self.gpu_seconds,
-                           switch=call.decision.switch)
+                           self.cpu_seconds if path == "cpu" else self.gpu_seconds)
         with self.lock:
-            self.timed_running -= 1
-            self.exploring_running -= call.decision.exploring
+            self._count(True, call.decision.exploring, path, -1)
+
+    def _count(self, timed: bool, exploring: bool, path: str, step: int) -> None:
+        if timed:
+            self.running["timed"] += step
+            self.running["exploring"] += step * exploring
+            self.running["cpu"] += step * (path == "cpu")
 
 
 def first_times_ten(item: np.ndarray) -> int:
@@ -311,7 +313,7 @@ def test_the_model_decides_each_item_knowing_the_times_of_those_it_explored() ->
     runtime = fake_gpus(count=1, threads=2)
     wrapper = LearningOffload(costly_on_cpu(0.2), cpu_seconds=0.2, gpu_seconds=0.002)
     assert par_iter(items(40, 2 * MB)).gpu_map(wrapper).collect() == [10 * i for i in range(40)]
-    assert wrapper.exploring_running_at_decision == [0] * 40
+    assert wrapper.running_at_decision["exploring"] == [0] * 40
     counts = placements(runtime)
     # On the CPU: the model's first call, and at most one re-check of the CPU (two calls).
     assert counts.get(("cpu", None), 0) <= 3 and ("hybrid", None) not in counts
@@ -320,15 +322,17 @@ def test_the_model_decides_each_item_knowing_the_times_of_those_it_explored() ->
         p.item for p in runtime.telemetry.placements() if p.path == "cpu")
 
 
-def test_a_settled_sizes_recheck_holds_up_no_item_after_it() -> None:
-    """Once the model has settled a size, the items of its re-checks are decided and run like
-    the others: waiting for each before deciding the next drained the lanes, which made a
-    pipeline on the default configuration twice as slow as under the static rule."""
+def test_a_settled_sizes_recheck_on_the_gpu_holds_up_no_item_after_it() -> None:
+    """Once the model has settled a size, its re-checks' GPU items are decided and run like the
+    others: waiting for each before deciding the next drained the lanes, which made a pipeline
+    on the default configuration twice as slow as under the static rule. Items timed on the
+    CPU are still waited for: a GPU item timed beside one would read its interference."""
     runtime = fake_gpus(count=1, threads=2)
     wrapper = LearningOffload(costly_on_cpu(0.02), cpu_seconds=0.02, gpu_seconds=0.01)
     assert par_iter(items(80, 2 * MB)).gpu_map(wrapper).collect() == [10 * i for i in range(80)]
-    assert wrapper.exploring_running_at_decision == [0] * 80
-    assert max(wrapper.timed_running_at_decision) >= 1  # a re-check's item was still running
+    assert wrapper.running_at_decision["exploring"] == [0] * 80
+    assert wrapper.running_at_decision["cpu"] == [0] * 80
+    assert max(wrapper.running_at_decision["timed"]) >= 1  # a re-check's GPU item was running
     rechecks = [p for p in runtime.telemetry.placements() if p.path == "cpu"][1:]
     assert rechecks and wrapper.model.choose("f", "|u1:1", 2 * MB).path == "gpu"
 

@@ -360,10 +360,9 @@ def test_gpu_times_measured_while_the_staging_loop_loads_are_not_learned(
     runtime.gpu.transfers.loop.start()  # loading until released
     learned: dict[int, list[str]] = {}  # host bytes -> paths learned
     real_observe = runtime.cost_model.observe
-    monkeypatch.setattr(runtime.cost_model, "observe",
-                        lambda key, signature, nbytes, path, seconds, **flags:
+    monkeypatch.setattr(runtime.cost_model, "observe", lambda key, signature, nbytes, path, seconds:
                         learned.setdefault(nbytes, []).append(path)
-                        or real_observe(key, signature, nbytes, path, seconds, **flags))
+                        or real_observe(key, signature, nbytes, path, seconds))
 
     @veda.gpu
     def total(x: np.ndarray) -> float:

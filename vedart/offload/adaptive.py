@@ -7,9 +7,7 @@ model keeps the latest end-to-end times of each path and:
 
 0. learns from each timed call's end-to-end time, except the first call of a bucket after a
    call on the other path: it pays for waking its path (NumPy's BLAS threads, cold caches),
-   which is not what the path costs once chosen. Which call that is, is judged when the calls
-   are decided (:attr:`Choice.switch`), so that in a pipeline, where later calls are decided
-   before earlier ones finish, a re-check's calls are learned as they are one after another. @gpu's fast path (arguments below
+   which is not what the path costs once chosen. @gpu's fast path (arguments below
    ``ADAPTIVE_FLOOR``) feeds it the CPU time of calls of ``LIGHT_S`` or more: a function
    lighter than that never reaches the model;
 1. starts a size it knows nothing about on the CPU while the calibration predicts the CPU
@@ -163,14 +161,12 @@ def describe(signature: str, nbytes: int) -> str:
 class Choice(NamedTuple):
     """The model's answer for one call: the path, why, and whether the call is timed and
     learned from (exploring or re-checking); a settled call is not. ``exploring``: the bucket
-    has not settled, so the next call's choice depends on this one's time; ``switch``: the
-    bucket's call decided before this one went the other path (its time is not learned)."""
+    has not settled, so the next call's choice depends on this one's time."""
 
     path: str
     reason: str
     timed: bool = True
     exploring: bool = False
-    switch: bool = False
 
 
 @dataclass(slots=True)
@@ -205,8 +201,7 @@ class _Bucket:
     profile's [seconds, nbytes] lists per path (changed only by ``observe``); ``choice``, the
     cached (Choice, settled, the fits it read, if any: it holds while they are the current ones);
     ``typicals``, each path's typical seconds since its samples last changed; ``revisit``, the
-    re-check schedule of a settled bucket; ``last_path``, the path of the latest call decided
-    (or, for a time learned without a decision, observed);
+    re-check schedule of a settled bucket; ``last_path``, the path of the latest observed call;
     ``from_profile``, whether its samples all came from the profile file.
     One lookup finds it all (H100, 2026-11-23, a 256 KB FFT settled on the GPU, timed inside
     the bench's interleaving: ``observe`` took 20-21 us with these in five dictionaries and
@@ -336,14 +331,9 @@ class AdaptiveModel:
         with self._lock:
             state = self._bucket((key, signature, size_bucket(nbytes)))
             choice, settled = self._bucket_choice(state, key, signature, nbytes)
-            if settled:
-                choice = self._revisit_or(choice, state, key, signature, nbytes, peek)
-            last = state.last_path
-            if not peek:
-                state.last_path = choice.path
-            if choice.timed and last is not None and last != choice.path:
-                return choice._replace(switch=True)
-            return choice
+            if not settled:
+                return choice
+            return self._revisit_or(choice, state, key, signature, nbytes, peek)
 
     def _bucket_choice(self, state: _Bucket, key: str, signature: str, nbytes: int
                        ) -> tuple[Choice, bool]:
@@ -382,6 +372,7 @@ class AdaptiveModel:
         if state.recheck_left == 0 and state.calls_left > 1:
             if not peek:
                 state.calls_left -= 1
+                bucket.last_path = choice.path  # untimed, but a switch all the same
                 seconds = bucket.typical(choice.path)
                 if seconds != math.inf:
                     self._ledger(key).total += seconds
@@ -496,13 +487,10 @@ class AdaptiveModel:
         return path, (f"adaptive: gpu {_ms(predicted['gpu'])} vs cpu {_ms(predicted['cpu'])} "
                       f"{where} ({count} samples{origin})"), True
 
-    def observe(self, key: str, signature: str, nbytes: int, path: str, seconds: float, *,
-                switch: bool | None = None) -> None:
+    def observe(self, key: str, signature: str, nbytes: int, path: str, seconds: float) -> None:
         """Record one end-to-end time of ``path`` (not the first after a call on the other
-        path: see the module docstring); ``switch`` says whether it was that, as
-        :meth:`choose` found when deciding the call (None, for a time learned without a
-        decision: whether the latest call decided or observed went the other path). Writes
-        the profile at most every ``SAVE_INTERVAL_S`` seconds (and on :meth:`save`)."""
+        path: see the module docstring); writes the profile at most every
+        ``SAVE_INTERVAL_S`` seconds (and on :meth:`save`)."""
         with self._lock:
             state = self._bucket((key, signature, size_bucket(nbytes)))
             other_path = "gpu" if path == "cpu" else "cpu"
@@ -511,10 +499,8 @@ class AdaptiveModel:
             ledger.total += seconds
             if seconds > other_time:
                 ledger.extra += seconds - other_time
-            if switch is None:
-                last, state.last_path = state.last_path, path
-                switch = last is not None and last != path
-            if switch:  # the first call after a switch: waking up
+            last, state.last_path = state.last_path, path
+            if last is not None and last != path:  # the first call after a switch: waking up
                 return
             if state.from_profile:
                 state.from_profile = False

@@ -37,8 +37,7 @@ class Decision:
     ``timed``: whether the adaptive model learns from this call's time (it explores or
     re-checks; a settled call is neither timed nor learned from); ``exploring``: the model has
     not settled the call's bucket, so the next call's decision depends on this one's time;
-    ``switch``: the model found, deciding it, that the bucket's call before went the other path
-    (None where it did not decide: see ``AdaptiveModel.observe``); ``helpers``, from
+    ``helpers``, from
     ``explain()``: the helper functions and classes the function's GPU calls ran as device
     clones so far."""
 
@@ -50,18 +49,16 @@ class Decision:
     free_bytes: int | None = None
     timed: bool = True
     exploring: bool = False
-    switch: bool | None = None
     helpers: tuple[str, ...] = ()
 
     # Every call past the fast path makes one: the generated frozen __init__ (a guarded
     # attribute set per field) took 0.9 us of the model's 2.2 us bookkeeping on a settled call.
     def __init__(self, path: str, reason: str, device: int | None = None, refused: bool = False,
                  model: str = "static", free_bytes: int | None = None, timed: bool = True,
-                 exploring: bool = False, switch: bool | None = None,
-                 helpers: tuple[str, ...] = ()) -> None:
+                 exploring: bool = False, helpers: tuple[str, ...] = ()) -> None:
         self.__dict__.update(path=path, reason=reason, device=device, refused=refused,
                              model=model, free_bytes=free_bytes, timed=timed,
-                             exploring=exploring, switch=switch, helpers=helpers)
+                             exploring=exploring, helpers=helpers)
 
     @property
     def learned(self) -> bool:
@@ -131,14 +128,14 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     choice = None if size_rule is None else size_rule()
     if choice is not None and choice.path == "cpu":
         return Decision("cpu", choice.reason, model=model, timed=choice.timed,
-                        exploring=choice.exploring, switch=choice.switch)
+                        exploring=choice.exploring)
     chosen, free = _most_free(gpu, [device] if device is not None else ordinals, needed)
     if free < needed:
         return cpu(f"device {chosen} has {format_bytes(free)} free, needs {format_bytes(needed)} "
                    f"({headroom:.1f}x inputs)")
     if choice is not None:
         return Decision("gpu", choice.reason, chosen, model=model, free_bytes=free,
-                        timed=choice.timed, exploring=choice.exploring, switch=choice.switch)
+                        timed=choice.timed, exploring=choice.exploring)
     reason = (f"{format_bytes(facts.host_bytes)} >= threshold {format_bytes(threshold)}; "
               f"device {chosen} has {format_bytes(free)} free")
     return Decision("gpu", reason, chosen, model=model, free_bytes=free)

@@ -366,7 +366,7 @@ class _Offload:
         if decision.path == "gpu" and staging_loop_loading(facts.host_bytes, within_s=seconds):
             return  # a large array may have gone direct, at a third of the loop's speed
         runtime.cost_model.observe(self.key, facts.signature, facts.host_bytes,
-                                   decision.path, seconds, switch=decision.switch)
+                                   decision.path, seconds)
         if runtime.cost_model.revision != self._floor_revision:
             self._update_learned_floor(runtime)
 

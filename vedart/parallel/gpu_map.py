@@ -3,14 +3,15 @@
 Per item, in input order, on the thread that drives the pipeline:
 1. ``wrapper.plan_call(item)`` under ``prefer_device(least loaded device)`` makes the @gpu
    decision (``force=`` and ``veda.force`` blocks apply as they do to a direct call). While
-   an item the adaptive model is exploring with (its size not settled yet) has not finished,
-   no further item is decided: the model decides the next one knowing its time, as it decides
-   a direct call after the previous one returned. Deciding ahead would send a whole window of
-   items down a path the model has not measured yet (with a plain function, its first call of
-   a size runs on the CPU: a window of 48 matrices, on the CPU). The items of a settled
-   size's re-check hold nothing up: the choice stands meanwhile, and waiting for each of them
-   drained the lanes (H100, 2026-11-25: 46 ms a pipeline of 64 matrices, against 25 ms under
-   the static rule).
+   an item the adaptive model is exploring with (its size not settled yet), or one it times
+   on the CPU, has not finished, no further item is decided: the model decides the next one
+   knowing its time, as it decides a direct call after the previous one returned. Deciding
+   ahead would send a whole window of items down a path the model has not measured yet (with
+   a plain function, its first call of a size runs on the CPU: a window of 48 matrices, on
+   the CPU), and a GPU item timed beside a CPU item (all cores in NumPy's BLAS) would time
+   that item's interference as much as its own. A settled size's re-check items on the GPU hold nothing up: the lanes
+   go on meanwhile, where waiting for each drained them (H100, 2026-11-25: 46 ms a pipeline
+   of 64 matrices, against 25 ms under the static rule).
 2. CPU: the item joins a batch of consecutive CPU items, run on the worker pool
    ``chunk_size`` items per task: through the wrapper (its fast path), or, when the adaptive
    model chose the CPU, as the decided call itself (so a re-check of the CPU runs there and is
@@ -308,8 +309,8 @@ class GpuMapReader(ItemwiseReader):
         assert runtime.gpu
         self._engine = runtime.gpu.transfers
         self._cpu_items = _CpuItems()
-        # The latest item the adaptive model is exploring with: decisions wait for its time.
-        self._exploring: Task[Batch] | None = None
+        # The latest item whose time the next decision waits for (see the module docstring).
+        self._awaited: Task[Batch] | None = None
 
     def _fill(self) -> None:
         try:
@@ -321,7 +322,7 @@ class GpuMapReader(ItemwiseReader):
         if isinstance(item, ItemFailure):
             self._add_cpu(item, origin, 0)
             return
-        self._await_exploring()
+        self._await_timing()
         lanes = self._lanes.devices[self._device] if self._device is not None \
             else self._lanes.least_loaded()
         try:
@@ -335,10 +336,8 @@ class GpuMapReader(ItemwiseReader):
         if decision.path == "cpu":
             flushed = self._add_cpu(item, origin, nbytes,
                                     call if decision.model == "adaptive" else None)
-            if timed:  # at once: the model weighs its time next
-                flushed = flushed or self._flush_cpu()
-                if decision.exploring:
-                    self._exploring = flushed
+            if timed:
+                self._awaited = flushed or self._flush_cpu()
             return
         assert decision.device is not None, decision
         lanes = self._lanes.devices.get(decision.device, lanes)  # an input's own device
@@ -361,12 +360,12 @@ class GpuMapReader(ItemwiseReader):
         lanes.enqueue(work, nbytes)
         self._push(work.task)
         if timed and decision.exploring:
-            self._exploring = work.task
+            self._awaited = work.task
 
-    def _await_exploring(self) -> None:
-        """Wait until the latest item the adaptive model is exploring with has run (and taught
+    def _await_timing(self) -> None:
+        """Wait until the latest item whose time the next decision needs has run (and taught
         the model its time); one still queued for a CPU worker runs here."""
-        task, self._exploring = self._exploring, None
+        task, self._awaited = self._awaited, None
         if task is None:
             return
         try:
