@@ -105,7 +105,7 @@ def test_gpu_path_gives_what_numpy_gives(case: pc.Case) -> None:
         actual = pc.outcome(veda.gpu(case.func), args, case.kwargs)
     # Big-endian inputs: GPU results come back in native byte order (docs/offload.md).
     pc.assert_same(actual, expected, values=case.values,
-                   byte_order=not any(map(_big_endian, args)))
+                   byte_order=not any(map(_big_endian, args)), scale=case.scale)
     for argument, original in zip(args, before):
         if isinstance(original, np.ndarray):
             assert argument.dtype == original.dtype
