@@ -91,15 +91,15 @@ def test_stops_exploring_a_clearly_worse_path_after_one_sample() -> None:
 
 def test_reason_strings() -> None:
     model = AdaptiveModel()
-    assert model.choose("f", SIG, 16 * MB)[:3] == (
-        "cpu", "adaptive: exploring cpu at ~16.0 MB (first call)", True)
+    assert model.choose("f", SIG, 16 * MB) == (
+        "cpu", "adaptive: exploring cpu at ~16.0 MB (first call)", True, True)
     feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=2)
-    assert model.choose("f", SIG, 16 * MB)[:3] == (
-        "gpu", f"adaptive: exploring gpu at ~16.0 MB (0 of {EXPLORE_TRIES} tries)", True)
+    assert model.choose("f", SIG, 16 * MB) == (
+        "gpu", f"adaptive: exploring gpu at ~16.0 MB (0 of {EXPLORE_TRIES} tries)", True, True)
     feed(model, 16 * MB, {"cpu": 0.0098, "gpu": 0.0031}, calls=8)
     # The cpu, measured clearly worse after one sample, is not explored further.
-    assert model.choose("f", SIG, 16 * MB)[:3] == (
-        "gpu", "adaptive: gpu 3.1 ms vs cpu 9.8 ms at ~16.0 MB (4 samples)", False)
+    assert model.choose("f", SIG, 16 * MB) == (
+        "gpu", "adaptive: gpu 3.1 ms vs cpu 9.8 ms at ~16.0 MB (4 samples)", False, False)
     assert model.choose("g", "<f8:0;n~2^24", 0).reason == \
         "adaptive: exploring cpu for n~2^24 (first call)"
 
@@ -118,8 +118,8 @@ def test_a_bucket_with_both_paths_reuses_its_choice_until_its_samples_change_it(
     assert model.choose("f", SIG, 16 * MB) is settled
     model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a switch: not learned
     model.observe("f", SIG, 16 * MB, "cpu", 0.0010)  # a new cpu typical time: tried again
-    assert model.choose("f", SIG, 16 * MB)[:3] == (
-        "cpu", f"adaptive: exploring cpu at ~16.0 MB (2 of {EXPLORE_TRIES} tries)", True)
+    assert model.choose("f", SIG, 16 * MB) == (
+        "cpu", f"adaptive: exploring cpu at ~16.0 MB (2 of {EXPLORE_TRIES} tries)", True, True)
 
 
 def test_a_settled_bucket_rechecks_its_other_path_at_doubling_intervals() -> None:
@@ -134,9 +134,9 @@ def test_a_settled_bucket_rechecks_its_other_path_at_doubling_intervals() -> Non
     # ... then RECHECK_CALLS timed calls of the chosen path, then the interval's calls.
     assert [b - a for a, b in zip(starts, starts[1:])] == [
         2 * REVISIT_FIRST + 2 * RECHECK_CALLS - 1, 4 * REVISIT_FIRST + 2 * RECHECK_CALLS - 1]
-    assert [choices[index][:3] for index in rechecks[:2]] == [
+    assert [choices[index] for index in rechecks[:2]] == [  # timed, the size settled
         ("cpu", f"adaptive: re-checking cpu at ~16.0 MB, call {call} of {RECHECK_CALLS} "
-                f"(gpu chosen; next check in {2 * REVISIT_FIRST} calls)", True)
+                f"(gpu chosen; next check in {2 * REVISIT_FIRST} calls)", True, False)
         for call in (1, 2)]
     timed = [index for index, choice in enumerate(choices) if choice.timed]
     assert timed == [start + call for start in starts for call in range(2 * RECHECK_CALLS)

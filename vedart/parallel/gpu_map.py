@@ -9,9 +9,9 @@ Per item, in input order, on the thread that drives the pipeline:
    ahead would send a whole window of items down a path the model has not measured yet (with
    a plain function, its first call of a size runs on the CPU: a window of 48 matrices, on
    the CPU), and a GPU item timed beside a CPU item (all cores in NumPy's BLAS) would time
-   that item's interference as much as its own. A settled size's re-check items on the GPU hold nothing up: the lanes
-   go on meanwhile, where waiting for each drained them (H100, 2026-11-25: 46 ms a pipeline
-   of 64 matrices, against 25 ms under the static rule).
+   that item's interference as much as its own. A settled size's re-check items on the GPU
+   hold nothing up: the lanes go on meanwhile, where waiting for each drained them (H100,
+   2026-11-25: 46 ms a pipeline of 64 matrices, against 25 ms under the static rule).
 2. CPU: the item joins a batch of consecutive CPU items, run on the worker pool
    ``chunk_size`` items per task: through the wrapper (its fast path), or, when the adaptive
    model chose the CPU, as the decided call itself (so a re-check of the CPU runs there and is
