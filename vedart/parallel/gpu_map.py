@@ -359,7 +359,7 @@ class GpuMapReader(ItemwiseReader):
             raise
         lanes.enqueue(work, nbytes)
         self._push(work.task)
-        if timed and decision.exploring:
+        if decision.exploring:  # only the adaptive model explores, and it times what it does
             self._awaited = work.task
 
     def _await_timing(self) -> None:
