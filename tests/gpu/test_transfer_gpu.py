@@ -254,6 +254,47 @@ def test_until_the_staging_loop_is_loaded_large_arrays_go_direct() -> None:
         engine.close()
 
 
+def test_while_the_staging_loop_loads_prepared_bounce_slots_carry_large_arrays(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import cupy
+
+    release = threading.Event()
+
+    def slow_load() -> Any:
+        release.wait(30)
+        return STAGING_LOOP.wait()
+
+    engine = TransferEngine(2**30, Tuning(pool_from=MB, threads=4), LoopLoader(slow_load))
+    real_asarray = cupy.asarray
+    try:
+        engine.prepare(0)
+        for _ in range(1000):  # the slots are pinned first, before the loop is waited for
+            if engine._bounce:
+                break
+            threading.Event().wait(0.01)
+        assert list(engine._bounce) == [0]
+
+        def no_direct_copy(value: Any, *args: Any, **kwargs: Any) -> Any:
+            assert not isinstance(value, np.ndarray) or value.nbytes < MB, "went direct"
+            return real_asarray(value, *args, **kwargs)
+
+        monkeypatch.setattr(cupy, "asarray", no_direct_copy)
+        rng = np.random.default_rng(29)
+        for host in (rng.standard_normal((1500, 1001)),  # 12 MB: three turns of 4 slots
+                     np.asfortranarray(rng.random((700, 900), dtype=np.float32)),
+                     rng.integers(0, 255, 5 * MB + 3, dtype=np.uint8)):
+            device = engine.to_device(host)
+            assert (device.flags.c_contiguous, device.flags.f_contiguous) == (
+                host.flags.c_contiguous, host.flags.f_contiguous)
+            assert np.array_equal(device.get(), host)
+        release.set()
+        engine.wait_prepared(60)
+        assert engine.has_idle_ring(0) and not engine._bounce  # given back once the ring is made
+    finally:
+        release.set()
+        engine.close()
+
+
 def test_pinned_results_stay_under_the_limit_and_fall_back_to_pageable() -> None:
     import cupy
 

@@ -81,7 +81,7 @@ def measure(side: str) -> dict[str, Any]:
     result: dict[str, Any] = {"side": side, "after_init_s": time.perf_counter() - began}
     if side == "vedart":
         result["loop_ready"] = engine.loop.calls() is not None
-        result["ring_ready"] = engine.stats()["pinned_used_mb"] > 0  # nothing else is pinned
+        result["ring_ready"] = engine.has_idle_ring(runtime.gpu.ordinals[0])
     for size in SIZES_MB:
         x = arrays[size]
         started = time.perf_counter()

@@ -10,7 +10,8 @@ and ``.get()`` at 3-11 GB/s, while pinned memory reaches 54 GB/s both ways. So:
   lock (:mod:`vedart.gpu.staging_loop`). Each slot has a CUDA event, and a slot is refilled
   only after the copy out of it has completed. The loop is loaded in the background from the
   creation of a runtime with a GPU, or else from first use (:class:`LoopLoader`); until then
-  such arrays go direct. Smaller arrays go direct (``cupy.asarray``): from 1.5 to 12 MB,
+  such arrays go through four pinned slots on the calling thread (:mod:`vedart.gpu.bounce`),
+  which the runtime pins first, or direct where it has none. Smaller arrays go direct (``cupy.asarray``): from 1.5 to 12 MB,
   staging them through a ring on the calling thread measured 0.95-1.05x its speed on the H100.
 - host -> device, staged ahead: :meth:`TransferEngine.stage` copies a mid-size array (from
   ``Tuning.stage_from`` up to ``Tuning.pool_from``) into pooled pinned memory on one of the
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from vedart import lifecycle
+from vedart.gpu.bounce import BounceBuffers, CupySide, pinned_slots
 from vedart.gpu.pinned import PinnedPool
 from vedart.tasks import Task, TaskThreads, at_thread_exit
 
@@ -165,7 +167,8 @@ class LoopLoader:
     copy it serves. A runtime with a GPU starts the loading when it is created
     (:class:`vedart.gpu.context.GPUContext`); otherwise the first array that would be staged
     starts it. Until it is loaded, and where it cannot be (no Numba, no CUDA driver library),
-    such arrays go direct instead. Thread-safe."""
+    such arrays go through the bounce slots :meth:`TransferEngine.prepare` pins, or direct
+    where there are none. Thread-safe."""
 
     def __init__(self, load: Callable[[], DriverCalls | None]) -> None:
         self._load = load
@@ -188,6 +191,10 @@ class LoopLoader:
             return self._calls
         self.start()
         return None
+
+    def loaded(self) -> bool:
+        """Whether the loading has ended (loaded, or given up); starts nothing."""
+        return self._loaded.is_set()
 
     def wait(self, timeout: float | None = None) -> DriverCalls | None:
         """:meth:`calls`, after starting the loading if need be and waiting up to ``timeout``
@@ -294,6 +301,8 @@ class TransferEngine:
         self._closed = False
         self._registered: list[tuple[int, int]] = []  # [start, end) of register_host ranges
         self._preparing: dict[int, threading.Event] = {}  # device -> set once its ring is made
+        # Pinned slots large arrays go through while the loop loads (made by prepare()).
+        self._bounce: dict[int, BounceBuffers] = {}
 
     def _fill_pool(self) -> TaskThreads:
         """The staging threads (started on first use); RuntimeError once closed."""
@@ -307,11 +316,12 @@ class TransferEngine:
 
     def prepare(self, device: int) -> None:
         """Make ready, on a background thread, what the first copy of a large array to
-        ``device`` needs: start loading the compiled loop and, once it is loaded, make a
-        staging ring for ``device`` and keep it idle. A new ring's pinned slots and crew took
-        26-56 ms on the H100, more than :meth:`to_device` takes to send 64 MB through it. A
-        copy that needs a ring of ``device`` while it is being made waits for it rather than
-        make a second. Returns at once; :meth:`wait_prepared` waits."""
+        ``device`` needs: start loading the compiled loop; pin the slots that large arrays go
+        through until it is loaded (:mod:`vedart.gpu.bounce`); once it is loaded, make a
+        staging ring for ``device``, keep it idle and give the slots back. A new ring's pinned
+        slots and crew took 26-56 ms on the H100, more than :meth:`to_device` takes to send
+        64 MB through it. A copy that needs a ring of ``device`` while it is being made waits
+        for it rather than make a second. Returns at once; :meth:`wait_prepared` waits."""
         self.loop.start()
         with self._lock:
             if self._closed or device in self._preparing:
@@ -326,6 +336,8 @@ class TransferEngine:
 
     def _prepare_ring(self, device: int, made: threading.Event) -> None:
         try:
+            if not self.loop.loaded():
+                self._make_bounce(device)
             driver = self.loop.wait()
             with RING_MAKING.lock:
                 if driver is None or self._closed or RING_MAKING.exiting:
@@ -333,6 +345,7 @@ class TransferEngine:
                 ring = self._new_ring(device, driver)
             if ring is not None:
                 self._return_ring(ring)
+                self._drop_bounce(device)
         except Exception as error:  # nothing is lost: the first large copy makes its own
             if not self._closed:
                 warnings.warn(f"vedart: no staging ring made ahead ({error!r}); the first "
@@ -340,6 +353,54 @@ class TransferEngine:
                               stacklevel=1)
         finally:
             self._prepared(device, made)
+
+    def _make_bounce(self, device: int) -> None:
+        """Pin the bounce slots of ``device`` (none when the pinned limit leaves too little)."""
+        import cupy
+
+        with RING_MAKING.lock:
+            if self._closed or RING_MAKING.exiting:
+                return
+            try:
+                slots = pinned_slots(self.pinned.array)
+                if slots is None:
+                    return
+                with cupy.cuda.Device(device):
+                    bounce = BounceBuffers(slots, CupySide(len(slots)))
+            except Exception:  # large arrays then go direct until the loop loads, as before
+                return
+        with self._lock:
+            if not self._closed:
+                self._bounce[device] = bounce
+
+    def _drop_bounce(self, device: int | None = None) -> None:
+        """Give back the bounce slots of ``device`` (None: of every device) once no copy runs
+        out of them (their arrays return to the pinned pool when collected)."""
+        with self._lock:
+            dropped = [self._bounce.pop(ordinal) for ordinal in list(self._bounce)
+                       if device is None or ordinal == device]
+        for bounce in dropped:
+            bounce.retire()
+
+    def _bounced(self, array: np.ndarray) -> Any:
+        """A CuPy copy of the contiguous ``array`` through the current device's bounce slots,
+        ordered on the current stream; ``cupy.asarray`` where there are none, while another
+        copy uses them, or for other layouts."""
+        import cupy
+
+        bounce = self._bounce.get(cupy.cuda.Device().id)
+        layout = contiguous_layout(array)
+        if bounce is None or layout is None:
+            return cupy.asarray(array)
+        target = cupy.empty(array.shape, array.dtype, order=layout)
+        if not bounce.try_copy(target.data.ptr, array):
+            return cupy.asarray(array)
+        return target
+
+    def has_idle_ring(self, device: int) -> bool:
+        """Whether a staging ring of ``device`` is made and idle (benchmarks report it)."""
+        with self._lock:
+            return bool(self._idle_rings.get(device))
 
     def _prepared(self, device: int, made: threading.Event) -> None:
         with self._lock:
@@ -436,7 +497,7 @@ class TransferEngine:
             return cupy.asarray(array)
         driver = self.loop.calls()
         if driver is None:  # no compiled loop (yet)
-            return cupy.asarray(array)
+            return self._bounced(array)
         ring = None
         try:  # taking the ring inside, so that no interrupt can come between taking and keeping
             ring = self._take_ring(cupy.cuda.Device().id, driver)
@@ -575,6 +636,7 @@ class TransferEngine:
         if threads is not None:
             threads.close(cancel_queued=False)
             threads.join()
+        self._drop_bounce()
         self.empty_cache()
         self.pinned.close()
         with self._lock:
