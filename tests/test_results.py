@@ -13,7 +13,7 @@ import pytest
 from fakes import FakeDeviceArray
 
 import vedart as veda
-from vedart.offload.results import recording_made_arrays, results_to_host, unconverted_paths
+from vedart.offload.results import RecordingMadeArrays, results_to_host, unconverted_paths
 from vedart.offload.substitute import ModuleMapper, device_clone
 
 IDENTITY = ModuleMapper({"numpy": "numpy"})
@@ -62,7 +62,7 @@ def test_array_makers_inside_the_function_are_recorded() -> None:
                 np.reshape(x.sum(), ()), x.sum(), np.ones(3))
 
     x = rng().random(4)
-    with recording_made_arrays() as made:
+    with RecordingMadeArrays() as made:
         result = device_clone(zero_d, IDENTITY)(x)
     assert [id(value) for value in made] == [id(value) for value in result[:7]]
     assert [type(value) for value in result] == [type(value) for value in zero_d(x)]

@@ -21,7 +21,7 @@ from vedart.units import format_bytes
 PATHS = ("cpu", "gpu", "fallback")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class CallRecord:
     """One call that went past the fast path. Seconds are wall-clock per phase;
     ``seconds_to_device`` is the host's time to hand the inputs over (the end of a copy can
@@ -39,6 +39,18 @@ class CallRecord:
     seconds_compute: float = 0.0
     seconds_to_host: float = 0.0
     timestamp: float = 0.0
+
+    # Every call past the fast path makes one: the generated frozen __init__ sets each of the
+    # ten fields through a guard (as Decision's did, cost.py).
+    def __init__(self, function: str, path: str, reason: str, device: int | None = None,
+                 bytes_to_device: int = 0, bytes_to_host: int = 0,
+                 seconds_to_device: float = 0.0, seconds_compute: float = 0.0,
+                 seconds_to_host: float = 0.0, timestamp: float = 0.0) -> None:
+        self.__dict__.update(function=function, path=path, reason=reason, device=device,
+                             bytes_to_device=bytes_to_device, bytes_to_host=bytes_to_host,
+                             seconds_to_device=seconds_to_device,
+                             seconds_compute=seconds_compute, seconds_to_host=seconds_to_host,
+                             timestamp=timestamp)
 
 
 @dataclass(frozen=True)
@@ -226,8 +238,10 @@ class Telemetry:
         with self._lock:
             return self._kernels.setdefault(name, KernelStats(name))
 
-    def record(self, record: CallRecord) -> None:
-        self.function(record.function).add(record)
+    def record(self, record: CallRecord, stats: FunctionStats | None = None) -> None:
+        """Count ``record`` in its function's stats (``stats``, when the caller holds them)
+        and keep it among the recent ones."""
+        (stats or self.function(record.function)).add(record)
         self._recent.append(record)
 
     def recent(self) -> list[CallRecord]:

@@ -94,22 +94,15 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     it: it returns a Choice (its path, reason and timing flags, carried into the Decision), and
     the memory check, with its NVML query, runs only when it chose the GPU."""
     wants_gpu = forcing is not None and forcing.path == "gpu"
-    forced_by = f"forced by {forcing.source}" if forcing is not None else ""
-
-    def cpu(reason: str, refusable: bool = True) -> Decision:
-        if wants_gpu and refusable:
-            return Decision("cpu", f"{forced_by} but {reason}", refused=True)
-        return Decision("cpu", reason)
-
     if gpu is None:
-        return cpu("GPU disabled by config")
+        return _cpu("GPU disabled by config", forcing)
     if forcing is not None and forcing.path == "cpu":
-        return Decision("cpu", forced_by)
-    if not gpu.is_available():
-        return cpu(f"no GPU: {gpu.unavailable_reason}")
-    unsupported = unsupported_reason(facts.host_arrays)
+        return Decision("cpu", f"forced by {forcing.source}")
+    if gpu.unavailable_reason is not None:
+        return _cpu(f"no GPU: {gpu.unavailable_reason}", forcing)
+    unsupported = unsupported_reason(facts.host_arrays) if facts.host_arrays else None
     if unsupported is not None:
-        return cpu(unsupported)
+        return _cpu(unsupported, forcing)
     ordinals = gpu.ordinals
     if device is not None and device not in ordinals:
         return Decision("cpu", f"device {device} is not available (runtime devices: "
@@ -118,27 +111,36 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
         device = facts.device_ordinals[0]
     needed = headroom * facts.host_bytes
     if wants_gpu:
+        assert forcing is not None
         chosen, free = _most_free(gpu, [device] if device is not None else ordinals, needed)
-        return Decision("gpu", forced_by, chosen, free_bytes=free)
+        return Decision("gpu", f"forced by {forcing.source}", chosen, free_bytes=free)
     if facts.device_ordinals:
         return Decision("gpu", f"input already on device {device}", device)
     if facts.host_bytes < threshold:
-        return cpu(f"below threshold: {format_bytes(facts.host_bytes)} < {format_bytes(threshold)}")
+        return _cpu(f"below threshold: {format_bytes(facts.host_bytes)} < "
+                    f"{format_bytes(threshold)}", forcing)
     model = "static" if size_rule is None else "adaptive"
     choice = None if size_rule is None else size_rule()
     if choice is not None and choice.path == "cpu":
         return Decision("cpu", choice.reason, model=model, timed=choice.timed,
                         exploring=choice.exploring)
-    chosen, free = _most_free(gpu, [device] if device is not None else ordinals, needed)
+    chosen, free = _most_free(gpu, (device,) if device is not None else ordinals, needed)
     if free < needed:
-        return cpu(f"device {chosen} has {format_bytes(free)} free, needs {format_bytes(needed)} "
-                   f"({headroom:.1f}x inputs)")
+        return _cpu(f"device {chosen} has {format_bytes(free)} free, needs "
+                    f"{format_bytes(needed)} ({headroom:.1f}x inputs)", forcing)
     if choice is not None:
         return Decision("gpu", choice.reason, chosen, model=model, free_bytes=free,
                         timed=choice.timed, exploring=choice.exploring)
     reason = (f"{format_bytes(facts.host_bytes)} >= threshold {format_bytes(threshold)}; "
               f"device {chosen} has {format_bytes(free)} free")
     return Decision("gpu", reason, chosen, model=model, free_bytes=free)
+
+
+def _cpu(reason: str, forcing: Forcing | None) -> Decision:
+    """A CPU decision for ``reason``; refused when the GPU was forced."""
+    if forcing is not None and forcing.path == "gpu":
+        return Decision("cpu", f"forced by {forcing.source} but {reason}", refused=True)
+    return Decision("cpu", reason)
 
 
 def _most_free(gpu: GPUContext, ordinals: Sequence[int], needed: float) -> tuple[int, int]:

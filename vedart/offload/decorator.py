@@ -58,7 +58,7 @@ from vedart.offload.failures import (
 from vedart.offload.force import check_path, forced_path, preferred_device
 from vedart.offload.results import (
     note_made_array,
-    recording_made_arrays,
+    RecordingMadeArrays,
     results_to_host,
     unconverted_paths,
 )
@@ -404,9 +404,10 @@ class _Offload:
                 return self.launch(device, args, kwargs)
         stream = cupy.cuda.get_current_stream()
         started = time.perf_counter()
-        with recording_made_arrays() as made_arrays:  # 0-d arguments stay 0-d arrays
+        with RecordingMadeArrays() as made_arrays:  # 0-d arguments stay 0-d arrays
             device_args = map_arrays(args, HOST_INPUTS, _upload_noted, CONTAINER_DEPTH + 1)
-            device_kwargs = map_arrays(kwargs, HOST_INPUTS, _upload_noted, CONTAINER_DEPTH + 1)
+            device_kwargs = map_arrays(kwargs, HOST_INPUTS, _upload_noted,
+                                       CONTAINER_DEPTH + 1) if kwargs else kwargs
             moved_in = time.perf_counter()
             result = device_function(*device_args, **device_kwargs)
         return _Launch(device, stream, device_args, device_kwargs, result, started, moved_in,
@@ -423,13 +424,14 @@ class _Offload:
         launch.stream.synchronize()
         computed = time.perf_counter()
         write_backs = self._fetch_writes(args, kwargs, launch.device_args,
-                                         launch.device_kwargs)
-        bytes_to_host = sum(host.nbytes for _, _, host in write_backs)
+                                         launch.device_kwargs) if self._signature else []
+        bytes_to_host = sum(host.nbytes for _, _, host in write_backs) if write_backs else 0
         result = launch.result
         if self.options.returns == "host":
             result, result_bytes = results_to_host(
                 result, cupy.ndarray, made_arrays=launch.made_arrays,
-                writes={id(device): (device, original) for original, device, _ in write_backs})
+                writes={id(device): (device, original) for original, device, _ in write_backs}
+                if write_backs else None)
             bytes_to_host += result_bytes
             unconverted = unconverted_paths(result, cupy.ndarray)
             if unconverted:
@@ -452,9 +454,9 @@ class _Offload:
     def _fetch_writes(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                       device_args: tuple[Any, ...], device_kwargs: dict[str, Any]
                       ) -> list[tuple[np.ndarray, Any, np.ndarray]]:
-        """(caller's array, device array, host copy of the device array) per ``writes=``."""
-        if self._signature is None:
-            return []
+        """(caller's array, device array, host copy of the device array) per ``writes=``
+        (a function with ``writes=`` only)."""
+        assert self._signature is not None
         host_bound = self._signature.bind(*args, **kwargs).arguments
         device_bound = self._signature.bind(*device_args, **device_kwargs).arguments
         return [(host_bound[name], device_bound[name], to_host(device_bound[name]))
@@ -601,7 +603,7 @@ class PlannedCall:
                       self._own_seconds + time.perf_counter() - landing)
         stats = self._plan.stats
         if stats is not None:
-            runtime.telemetry.record(record)
+            runtime.telemetry.record(record, stats)
             if offload.reach is not None:
                 stats.helpers = offload.reach.names
         return result

@@ -10,7 +10,7 @@
   0-d argument, an array made by one of the NumPy functions in ``ARRAY_MAKERS``
   (``np.array(2.0)``, ``np.zeros(())``, ``np.where(c, a, b)``), and the result of one in
   ``ARRAY_KEEPERS`` (``np.reshape(m, ())``) given an array (not a 0-d array NumPy would have
-  had as a scalar), recorded while the function ran (see :func:`recording_made_arrays`).
+  had as a scalar), recorded while the function ran (:class:`RecordingMadeArrays`).
 - Integer results carry NumPy's own type for their dtype (``numpy.int64``; CuPy's
   ``argmax`` gives ``numpy.longlong`` dtypes).
 - Tuples, lists, dicts, namedtuples, dataclass objects and SimpleNamespaces are rebuilt around
@@ -23,8 +23,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -44,21 +43,27 @@ ARRAY_MAKERS = frozenset({
 ARRAY_KEEPERS = frozenset({"transpose", "reshape", "squeeze", "real", "imag", "moveaxis"})
 # How far and how much unconverted_paths looks into what results_to_host leaves alone.
 _UNCONVERTED_DEPTH = 16
+_HOST_LEAVES = (np.ndarray, np.generic, int, float, complex, str, bytes, type(None))
 _UNCONVERTED_VISITS = 10_000
 
 _made_arrays: ContextVar[list[Any] | None] = ContextVar("vedart_made_arrays", default=None)
 
 
-@contextmanager
-def recording_made_arrays() -> Iterator[list[Any]]:
+class RecordingMadeArrays:
     """While active (on this thread or task), :func:`note_made_array` keeps the 0-d arrays it
-    sees in the yielded list: the 0-d results that stay arrays on the host."""
-    made: list[Any] = []
-    token = _made_arrays.set(made)
-    try:
-        yield made
-    finally:
-        _made_arrays.reset(token)
+    sees in the list ``with RecordingMadeArrays()`` gives: the 0-d results that stay arrays on
+    the host. (A class: every GPU call enters one, and a generator-based context manager costs
+    more.)"""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> list[Any]:
+        made: list[Any] = []
+        self._token = _made_arrays.set(made)
+        return made
+
+    def __exit__(self, *exc_info: object) -> None:
+        _made_arrays.reset(self._token)
 
 
 def note_made_array(value: Any) -> Any:
@@ -183,7 +188,8 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
     writes = writes or {}
     if type(value) is device_type and id(value) not in writes:  # the common case, one array
         host = _copy_to_host(value)
-        made = host.ndim == 0 and any(value is array for array in made_arrays)
+        made = host.ndim == 0 and bool(made_arrays) and any(value is array
+                                                             for array in made_arrays)
         return (host[()] if host.ndim == 0 and not made else host), value.nbytes
     found: dict[int, Any] = {}
     map_arrays(value, device_type, lambda array: found.setdefault(id(array), array),
@@ -206,6 +212,8 @@ def unconverted_paths(value: Any, device_type: type, name: str = "result") -> li
     :func:`results_to_host` does not rebuild, or deeper than it looks. Looks through
     containers, sets, records and object attributes, ``_UNCONVERTED_DEPTH`` levels and
     ``_UNCONVERTED_VISITS`` values at most."""
+    if isinstance(value, _HOST_LEAVES):  # what results_to_host makes of one device array
+        return []
     found: list[str] = []
     seen: set[int] = set()
 
@@ -214,7 +222,7 @@ def unconverted_paths(value: Any, device_type: type, name: str = "result") -> li
             found.append(path)
             return
         if depth == 0 or len(seen) >= _UNCONVERTED_VISITS or id(item) in seen or \
-                isinstance(item, (str, bytes, int, float, complex, np.ndarray, np.generic)):
+                isinstance(item, _HOST_LEAVES):
             return
         seen.add(id(item))
         if isinstance(item, dict):
