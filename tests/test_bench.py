@@ -15,8 +15,8 @@ from fakes import FakeProbe
 import vedart as veda
 from vedart import calibrate
 from vedart.bench import harness, helpers, ops, overhead, transfer_cold, workloads
-from vedart.bench.harness import (interleaved_medians, interleaved_runs, interleaved_samples,
-                                  round_orders, rounds_per_block)
+from vedart.bench.harness import (interleaved_medians, interleaved_samples, round_orders,
+                                  rounds_per_block)
 from vedart.bench.transfer import _targets_met
 from vedart.cli import main
 
@@ -247,26 +247,3 @@ def test_the_hand_port_of_the_workloads_runs_their_source_on_another_module() ->
     x = np.random.default_rng(3).random((50, 4))
     np.testing.assert_allclose(ported.correlation(x), workloads.correlation(x))
     assert ported.correlation is not workloads.correlation
-
-
-def test_a_balanced_median_weighs_what_came_before_each_sample_alike() -> None:
-    # Two thirds of the samples fast (after a GPU run or itself), a third slow (after the CPU
-    # run): the plain median sits at whichever side one sample tips it to.
-    samples = [("cpu", 2.0), ("cpu", 2.2), ("gpu", 1.0), ("gpu", 1.1), ("self", 0.9),
-               ("self", 1.0)]
-    assert harness.balanced_median(samples) == pytest.approx((2.1 + 1.05 + 0.95) / 3)
-    assert harness.balanced_median([("a", 3.0), ("a", 1.0), ("a", 2.0)]) == 2.0
-
-
-def test_interleaved_runs_name_the_run_made_just_before_each_sample() -> None:
-    calls: list[str] = []
-    runs = {name: functools.partial(calls.append, name) for name in ("a", "b", "c")}
-    samples = interleaved_runs(runs, repeats=6, warmup=dict.fromkeys(runs, 1))
-    befores: Counter[tuple[str, str]] = Counter()
-    for name, pairs in samples.items():
-        for before, seconds in pairs:
-            befores[before, name] += 1
-            assert seconds >= 0
-    # Each run follows each other run twice in a block of six rounds, and itself twice (at
-    # the rounds it starts, led in by itself).
-    assert befores == {(before, name): 2 for before in runs for name in runs}

@@ -83,25 +83,11 @@ def interleaved_medians(runs: dict[str, Callable[[], Any]], *, repeats: int,
                         synchronize: dict[str, Callable[[], None]] | None = None,
                         setup: dict[str, Callable[[], None]] | None = None
                         ) -> dict[str, float]:
-    """:func:`balanced_median` wall-clock seconds of each of ``runs`` over ``repeats`` rounds
-    of :func:`interleaved_runs`."""
-    samples = interleaved_runs(runs, repeats=repeats, warmup=warmup, synchronize=synchronize,
-                               setup=setup)
-    return {name: balanced_median(pairs) for name, pairs in samples.items()}
-
-
-def balanced_median(samples: list[tuple[str, float]]) -> float:
-    """The mean, over the runs that came just before, of the median of the samples that came
-    after each: (before, seconds) pairs from :func:`interleaved_runs`. The rounds' orders make
-    every such group alike in size, and the groups differ: on the H100 a GPU call right after
-    a CPU run took 1.5-2.5x its time after another GPU call, so the median of all samples,
-    a third of them slow, sat on either side of that gap from one run to the next
-    (hand-written CuPy for ``monte_carlo_pi(10**6)``: 0.703 ms in one phase of
-    ``bench ops``, 0.264 ms in the next, 2026-11-25)."""
-    by_before: dict[str, list[float]] = {}
-    for before, seconds in samples:
-        by_before.setdefault(before, []).append(seconds)
-    return statistics.fmean(statistics.median(values) for values in by_before.values())
+    """Median wall-clock seconds of each of ``runs`` over ``repeats`` rounds of
+    :func:`interleaved_samples`."""
+    samples = interleaved_samples(runs, repeats=repeats, warmup=warmup, synchronize=synchronize,
+                                  setup=setup)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def interleaved_samples(runs: dict[str, Callable[[], Any]], *, repeats: int,
@@ -110,20 +96,7 @@ def interleaved_samples(runs: dict[str, Callable[[], Any]], *, repeats: int,
                         budget_s: float = 0.0, max_repeats: int = 0,
                         setup: dict[str, Callable[[], None]] | None = None
                         ) -> dict[str, list[float]]:
-    """The seconds of :func:`interleaved_runs`, without what came before each."""
-    samples = interleaved_runs(runs, repeats=repeats, warmup=warmup, synchronize=synchronize,
-                               budget_s=budget_s, max_repeats=max_repeats, setup=setup)
-    return {name: [seconds for _, seconds in pairs] for name, pairs in samples.items()}
-
-
-def interleaved_runs(runs: dict[str, Callable[[], Any]], *, repeats: int,
-                     warmup: dict[str, int] | None = None,
-                     synchronize: dict[str, Callable[[], None]] | None = None,
-                     budget_s: float = 0.0, max_repeats: int = 0,
-                     setup: dict[str, Callable[[], None]] | None = None
-                     ) -> dict[str, list[tuple[str, float]]]:
-    """Wall-clock seconds of each of ``runs``, each with the name of the run made just before
-    it (itself, timed or not, at a round's start), timed in turn (one sample of each per round) so
+    """Wall-clock seconds of each of ``runs``, timed in turn (one sample of each per round) so
     a slow spell of the machine affects all of them alike, in the orders of
     :func:`round_orders`, so each run follows each other run equally often (on the H100 the
     first GPU call after a millisecond of CPU work took 1.2-1.5x its usual time, whoever made
@@ -150,22 +123,20 @@ def interleaved_runs(runs: dict[str, Callable[[], Any]], *, repeats: int,
             last = name
     block = rounds_per_block(len(runs))
     least = -(-repeats // block) * block
-    samples: dict[str, list[tuple[str, float]]] = {name: [] for name in runs}
+    samples: dict[str, list[float]] = {name: [] for name in runs}
     began = time.perf_counter()
     for done, order in enumerate(round_orders(list(runs), max(least, max_repeats))):
         if done >= least and done % block == 0 and time.perf_counter() - began >= budget_s:
             break
         if order[0] != last:
             untimed(order[0])
-        before = order[0]
         for name in order:
             setup.get(name, _nothing)()
             started = time.perf_counter()
             runs[name]()
             if name in synchronize:
                 synchronize[name]()
-            samples[name].append((before, time.perf_counter() - started))
-            before = name
+            samples[name].append(time.perf_counter() - started)
         last = order[-1]
     return samples
 

@@ -7,10 +7,7 @@ hand-written CuPy on the same input, one sample of each per round, the rounds go
 every order of the three (``harness.round_orders``) so neither GPU run follows the CPU run
 more often than the other; its regret is against the oracle of its own phase. Timing the
 baselines once, in an earlier phase, made the CPU look up to 40x faster than it was when the
-adaptive phase ran (H100, 2026-11-22). Each time is the mean, over the run made just before
-(the CPU run, the other GPU run, itself), of the median of the samples after it
-(``harness.balanced_median``): a third of a GPU run's samples follow the CPU run and take
-1.5-2.5x as long, and the plain median of all of them jumped across that gap between phases.
+adaptive phase ran (H100, 2026-11-22).
 
 Besides operations on arrays of growing size, a family of small-argument, heavy calls (a Monte
 Carlo estimate from an ``int``, all-pairs distances of a few thousand points, power iteration on
@@ -23,6 +20,7 @@ the whole suite, the static rule's figures from the same run beside it.
 from __future__ import annotations
 
 import math
+import statistics
 import tempfile
 import types
 from collections.abc import Callable
@@ -33,7 +31,7 @@ from typing import Any
 import numpy as np
 
 import vedart as veda
-from vedart.bench.harness import balanced_median, interleaved_runs, wait_for_staging_loop
+from vedart.bench.harness import interleaved_samples, wait_for_staging_loop
 from vedart.offload.adaptive import EXPLORE_TRIES
 
 KB = 1024
@@ -181,22 +179,21 @@ def make_input(dtype: str, rank: int, nbytes: int, seed: int) -> np.ndarray:
 
 def _phase_times(case: Case, path: str, repeats: int, budget_s: float, warmup: int,
                  cupy: Any | None) -> tuple[dict[str, float], str, int]:
-    """Seconds of NumPy, hand-written CuPy (end to end) and ``func`` under @gpu with the
+    """Median seconds of NumPy, hand-written CuPy (end to end) and ``func`` under @gpu with the
     current runtime's cost model (``path``), taken in turn so that all three see the machine in
-    the same state (``harness.balanced_median`` of each); the reason of the last @gpu decision;
-    and the rounds taken (at least ``repeats``, more while ``budget_s`` lasts:
-    ``harness.interleaved_runs``)."""
+    the same state; the reason of the last @gpu decision; and the rounds taken (at least
+    ``repeats``, more while ``budget_s`` lasts: ``harness.interleaved_samples``)."""
     wrapped, args = veda.gpu(case.func), case.args
     runs = {"cpu": lambda: case.func(*args), path: lambda: wrapped(*args)}
     synchronize = {}
     if cupy is not None:
         runs["cupy"] = lambda: case.hand_cupy(cupy, *args)
         synchronize["cupy"] = cupy.cuda.get_current_stream().synchronize
-    samples = interleaved_runs(runs, repeats=repeats,
-                               warmup={"cpu": 2, "cupy": 3, path: warmup + 1},
-                               synchronize=synchronize, budget_s=budget_s,
-                               max_repeats=MAX_ROUNDS)
-    times = {name: balanced_median(pairs) for name, pairs in samples.items()}
+    samples = interleaved_samples(runs, repeats=repeats,
+                                  warmup={"cpu": 2, "cupy": 3, path: warmup + 1},
+                                  synchronize=synchronize, budget_s=budget_s,
+                                  max_repeats=MAX_ROUNDS)
+    times = {name: statistics.median(values) for name, values in samples.items()}
     return times, wrapped.explain(*args).reason, len(samples["cpu"])  # type: ignore[attr-defined]
 
 
