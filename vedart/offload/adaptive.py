@@ -15,9 +15,11 @@ model keeps the latest end-to-end times of each path and:
    trying), else on the path the calibration predicts faster;
 2. explores: a path with fewer than ``EXPLORE_TRIES`` samples in the bucket is tried, one
    path's tries back to back, unless it is clearly worse (its typical time above
-   ``CLEARLY_WORSE`` x the other's, or so predicted by fits over other sizes; or, for the GPU,
-   a measured CPU call faster than a GPU launch plus the upload), or trying it would take the
-   function's exploration cost beyond ``EXPLORE_BUDGET`` of its time so far;
+   ``CLEARLY_WORSE`` x the other's, or so predicted by fits over other sizes, though not from
+   one sample under ``FIRST_ON_CPU_S`` at ``ADAPTIVE_FLOOR`` or more against a path not yet
+   measured; or, for the GPU, a measured CPU call faster than a GPU launch plus the upload),
+   or trying it would take the function's exploration cost beyond ``EXPLORE_BUDGET`` of its
+   time so far;
 3. exploits: otherwise it takes the path with the lower typical time (the lower median of
    its kept samples). Settled calls are not timed; they count down to a re-check of the other
    path (``RECHECK_CALLS`` calls, then as many timed calls of the chosen path) after
@@ -467,6 +469,13 @@ class AdaptiveModel:
                 return True  # faster than a GPU launch plus the upload: the GPU cannot win
             known = measured[path] is not None or (fitted[path] is not None
                                                and fitted[other] is not None)
+            if known and len(samples[path]) == 1 and measured[other] is None \
+                    and measured[path] < FIRST_ON_CPU_S and nbytes >= ADAPTIVE_FLOOR:
+                # One sample of a cheap call may be a stall (a 0.08 ms matmul once took
+                # 5.7-8.8 ms, H100): against a mere guess at the other path it is tried again.
+                # (Below the floor a call reaches the model only once the fast path has seen
+                # it heavy twice, or 20 ms or more once.)
+                known = False
             return known and predicted[path] > CLEARLY_WORSE * predicted[other]
 
         def affordable(path: str) -> bool:  # against a measured alternative
