@@ -6,7 +6,7 @@ The first large ``cupy.asarray`` of a process is slow whoever makes it: 1.2-2.3 
 and 1.3-2.6 GB/s for 256 MB against 3.8-7.9 GB/s for a second 64 MB one, while the same copies
 through four 4 MiB pinned slots, refilled by ``np.copyto`` as the copies out of them complete,
 ran at 6.4-8.3 and 7.7-9.4 GB/s (H100 80GB HBM3, 2026-11-25, fresh processes). Loading the loop
-takes about a second after ``init``; the slots take 8-10 ms to pin, so the runtime makes them
+takes about a second after ``init``; the slots take 8-21 ms to pin, so the runtime pins them
 first (:meth:`vedart.gpu.transfer.TransferEngine.prepare`).
 """
 
@@ -85,7 +85,6 @@ class CupySide:
     def __init__(self, slots: int) -> None:
         import cupy
 
-        self.device = cupy.cuda.Device().id
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.events = [cupy.cuda.Event(disable_timing=True) for _ in range(slots)]
         self._memcpy = cupy.cuda.runtime.memcpyAsync
@@ -110,8 +109,8 @@ class CupySide:
 
 
 class BounceBuffers:
-    """``slots`` pinned host arrays of ``slot_bytes`` and the device side they are sent
-    through; one copy at a time (:meth:`try_copy` answers None while another runs)."""
+    """Pinned host arrays of equal size (``slots``) and the device side they are sent through;
+    one copy at a time (:meth:`try_copy` answers False while another runs)."""
 
     def __init__(self, slots: list[np.ndarray], side: DeviceSide) -> None:
         self.slots = slots
@@ -122,10 +121,10 @@ class BounceBuffers:
 
     def try_copy(self, target: int, source: np.ndarray) -> bool:
         """Copy the bytes of ``source`` (C- or Fortran-contiguous) to device address
-        ``target`` and return True; False at once, copying nothing, while another copy holds
-        the buffers or after :meth:`retire`. The copies are queued on the device side's stream: the caller orders its
-        own stream after them. Interrupted or failed, it waits for what it queued, so no slot
-        is refilled under a copy still reading it."""
+        ``target``, ordered after the work queued on the caller's current stream and before
+        the work queued there later, and return True; False at once, copying nothing, while
+        another copy holds the buffers or after :meth:`retire`. Interrupted or failed, it
+        waits for what it queued, so no slot is refilled under a copy still reading it."""
         if not self._lock.acquire(blocking=False):
             return False
         try:

@@ -11,8 +11,9 @@ and ``.get()`` at 3-11 GB/s, while pinned memory reaches 54 GB/s both ways. So:
   only after the copy out of it has completed. The loop is loaded in the background from the
   creation of a runtime with a GPU, or else from first use (:class:`LoopLoader`); until then
   such arrays go through four pinned slots on the calling thread (:mod:`vedart.gpu.bounce`),
-  which the runtime pins first, or direct where it has none. Smaller arrays go direct (``cupy.asarray``): from 1.5 to 12 MB,
-  staging them through a ring on the calling thread measured 0.95-1.05x its speed on the H100.
+  which the runtime pins first, or direct where it has none. Smaller arrays go direct
+  (``cupy.asarray``): from 1.5 to 12 MB, staging them through a ring on the calling thread
+  measured 0.95-1.05x its speed on the H100.
 - host -> device, staged ahead: :meth:`TransferEngine.stage` copies a mid-size array (from
   ``Tuning.stage_from`` up to ``Tuning.pool_from``) into pooled pinned memory on one of the
   staging threads, ahead of time, and :meth:`TransferEngine.upload` later sends it to the

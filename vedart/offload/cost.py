@@ -112,7 +112,7 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     needed = headroom * facts.host_bytes
     if wants_gpu:
         assert forcing is not None
-        chosen, free = _most_free(gpu, [device] if device is not None else ordinals, needed)
+        chosen, free = _most_free(gpu, (device,) if device is not None else ordinals, needed)
         return Decision("gpu", f"forced by {forcing.source}", chosen, free_bytes=free)
     if facts.device_ordinals:
         return Decision("gpu", f"input already on device {device}", device)

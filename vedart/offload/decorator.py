@@ -57,8 +57,8 @@ from vedart.offload.failures import (
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
 from vedart.offload.results import (
-    note_made_array,
     RecordingMadeArrays,
+    note_made_array,
     results_to_host,
     unconverted_paths,
 )
@@ -423,8 +423,8 @@ class _Offload:
 
         launch.stream.synchronize()
         computed = time.perf_counter()
-        write_backs = self._fetch_writes(args, kwargs, launch.device_args,
-                                         launch.device_kwargs) if self._signature else []
+        write_backs = [] if self._signature is None else self._fetch_writes(
+            args, kwargs, launch.device_args, launch.device_kwargs)
         bytes_to_host = sum(host.nbytes for _, _, host in write_backs) if write_backs else 0
         result = launch.result
         if self.options.returns == "host":

@@ -43,8 +43,9 @@ ARRAY_MAKERS = frozenset({
 ARRAY_KEEPERS = frozenset({"transpose", "reshape", "squeeze", "real", "imag", "moveaxis"})
 # How far and how much unconverted_paths looks into what results_to_host leaves alone.
 _UNCONVERTED_DEPTH = 16
-_HOST_LEAVES = (np.ndarray, np.generic, int, float, complex, str, bytes, type(None))
 _UNCONVERTED_VISITS = 10_000
+# Values it never looks into (what results_to_host makes of a device array is one of them).
+_HOST_LEAVES = (np.ndarray, np.generic, int, float, complex, str, bytes, type(None))
 
 _made_arrays: ContextVar[list[Any] | None] = ContextVar("vedart_made_arrays", default=None)
 
@@ -212,7 +213,7 @@ def unconverted_paths(value: Any, device_type: type, name: str = "result") -> li
     :func:`results_to_host` does not rebuild, or deeper than it looks. Looks through
     containers, sets, records and object attributes, ``_UNCONVERTED_DEPTH`` levels and
     ``_UNCONVERTED_VISITS`` values at most."""
-    if isinstance(value, _HOST_LEAVES):  # what results_to_host makes of one device array
+    if isinstance(value, _HOST_LEAVES):
         return []
     found: list[str] = []
     seen: set[int] = set()
