@@ -40,6 +40,9 @@ def test_ops_suite_runs_without_a_gpu_and_reports_regret() -> None:
     assert result["summary"]["meets_target"] is None
     text = ops.format_table(result)
     assert "target (adaptive): geomean <= 1.05, worst <= 1.5: n/a (no GPU)" in text
+    worst = max(result["rows"], key=lambda row: row["adaptive_regret"])
+    assert (f"adaptive: geomean regret {result['summary']['adaptive']['geomean_regret']:.3f}, "
+            f"worst {worst['adaptive_regret']:.2f} ({worst['op']} {worst['size']})") in text
 
 
 @pytest.mark.parametrize("budget_s, expected", [(0.0, 6), (3600.0, 24)])
