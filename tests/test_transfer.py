@@ -18,6 +18,7 @@ from fakes import FakeProbe, gpu_unavailable_reason
 
 import vedart as veda
 from vedart.gpu.pinned import PinnedPool, size_class
+from vedart.offload.adaptive import Calibration
 from vedart.gpu import transfer
 from vedart.gpu.transfer import (LoopLoader, TransferEngine, Tuning, contiguous_layout,
                                  native_byte_order)
@@ -358,6 +359,9 @@ def test_gpu_times_measured_while_the_staging_loop_loads_are_not_learned(
     load = BlockingLoad()
     runtime.gpu.transfers.loop = LoopLoader(load)  # type: ignore[arg-type]
     runtime.gpu.transfers.loop.start()  # loading until released
+    # No GPU launch and upload time to beat: a sum of 8 MB from the CPU's cache can take less
+    # than the default calibration's, and the GPU would then never be tried.
+    runtime.cost_model.calibration = Calibration(gpu_launch_s=1e-9, h2d_bytes_per_s=1e15)
     learned: dict[int, list[str]] = {}  # host bytes -> paths learned
     real_observe = runtime.cost_model.observe
     monkeypatch.setattr(runtime.cost_model, "observe", lambda key, signature, nbytes, path, seconds:
