@@ -241,7 +241,7 @@ class Telemetry:
     def record(self, record: CallRecord, stats: FunctionStats | None = None) -> None:
         """Count ``record`` in its function's stats (``stats``, when the caller holds them)
         and keep it among the recent ones."""
-        (stats or self.function(record.function)).add(record)
+        (self.function(record.function) if stats is None else stats).add(record)
         self._recent.append(record)
 
     def recent(self) -> list[CallRecord]:

@@ -265,7 +265,7 @@ def format_table(result: dict[str, Any]) -> str:
     for path in ("static", "adaptive"):
         worst = max(result["rows"], key=lambda row: row[f"{path}_regret"])
         lines.append(f"{path:>8}: geomean regret {summary[path]['geomean_regret']:.3f}, "
-                     f"worst {summary[path]['worst_regret']:.2f} ({worst['op']} {worst['size']})")
+                     f"worst {worst[f'{path}_regret']:.2f} ({worst['op']} {worst['size']})")
     verdict = {None: "n/a (no GPU)", True: "ok", False: "MISSED"}[summary["meets_target"]]
     lines.append(f"target (adaptive): geomean <= 1.05, worst <= 1.5: {verdict}")
     if result["note"]:

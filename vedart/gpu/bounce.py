@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -159,8 +159,8 @@ class BounceBuffers:
             self.side.settle()
 
 
-def pinned_slots(take: Any, slots: int = SLOTS, slot_bytes: int = SLOT_BYTES
-                 ) -> list[np.ndarray] | None:
+def pinned_slots(take: Callable[[tuple[int, ...], np.dtype[Any]], np.ndarray | None],
+                 slots: int = SLOTS, slot_bytes: int = SLOT_BYTES) -> list[np.ndarray] | None:
     """``slots`` pinned uint8 arrays of ``slot_bytes`` from ``take(shape, dtype)`` (the pinned
     pool's ``array``), or None when it cannot give them all."""
     arrays = []
