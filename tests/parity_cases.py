@@ -315,8 +315,6 @@ def known_difference(case: Case) -> str | None:
         return "bool ** 2 is int64 on the GPU (NumPy: int8)"
     if case.name in _ZERO_D_METHODS and first.ndim == 0:
         return "a method's 0-d array result comes back as a scalar"
-    if case.name.endswith("fft2") and first.ndim < 2:
-        return "CuPy's 2-D FFTs accept fewer than two dimensions (NumPy: IndexError)"
     if case.name == "true_divide" and any(map(np.iscomplexobj, case.args)) and \
             not np.all(np.asarray(case.args[1])):
         return "a complex division by zero is nan+nanj on the GPU (NumPy: inf or nan by parts)"

@@ -195,8 +195,10 @@ def permissive(monkeypatch: pytest.MonkeyPatch) -> ModuleMapper:
     (median_of, np.array([True, False, True]), np.array([3, 1, 2], dtype=np.int8)),
     (eigenvalues, np.eye(2, dtype=np.float16), np.eye(2, dtype=np.float32)),
     (half_spectrum, np.ones((2, 2), dtype=np.complex64), np.ones((2, 2), dtype=np.float32)),
+    (half_spectrum, np.ones(4, dtype=np.float32), np.ones((2, 4), dtype=np.float32)),
+    (half_spectrum, np.ones((), dtype=np.float32), np.ones((2, 4), dtype=np.float32)),
 ])
-def test_dtypes_numpy_rejects_raise_numpys_own_error_before_device_work(
+def test_inputs_numpy_rejects_raise_numpys_own_error_before_device_work(
         permissive: ModuleMapper, func: Any, rejected: np.ndarray, accepted: np.ndarray) -> None:
     with pytest.raises(Exception) as on_numpy:
         func(rejected)

@@ -104,7 +104,9 @@ def test_numpys_errors_where_cupy_is_more_permissive() -> None:
     b = rng(6).random(1000) > 0.5
     cases = [(lambda x: np.percentile(x, 50), b), (lambda x: np.round(x, 1), b),
              (lambda m: np.linalg.eigh(m), np.eye(8, dtype=np.float16)),
-             (lambda x: np.fft.rfft2(x), np.ones((8, 8), np.complex64))]
+             (lambda x: np.fft.rfft2(x), np.ones((8, 8), np.complex64)),
+             (lambda x: np.fft.fft2(x), rng(8).random(16)),
+             (lambda x: np.fft.irfft2(x), np.ones((), np.complex128))]
     for func, argument in cases:
         with pytest.raises(Exception) as on_cpu:
             func(argument)

@@ -35,7 +35,8 @@ Rules a user can rely on:
   tuples from ``numpy.linalg``, CuPy's linear algebra raising what cuSOLVER reports (a singular
   matrix), 0-d arrays from array makers, NumPy's own exception where CuPy accepts a dtype NumPy
   rejects, ``np.histogram`` of integers counted as NumPy counts them, ``np.percentile`` and
-  its kin of an empty array answered by NumPy.
+  its kin of an empty array answered by NumPy, NumPy's ``IndexError`` for a 2-D FFT of fewer
+  than two dimensions.
 """
 
 from __future__ import annotations
@@ -200,6 +201,13 @@ _NO_IDENTITY: dict[str, frozenset[str]] = {"numpy": frozenset({
     "max", "min", "amax", "amin", "argmax", "argmin", "ptp", "nanmax", "nanmin", "nanargmax",
     "nanargmin"})}
 
+# Functions whose default axes need at least this many dimensions: for an input with fewer,
+# NumPy raises IndexError where CuPy's 2-D FFTs transform it (parity run, H100, 2026-11-24);
+# for such an input NumPy's function runs first on a stand-in, as for ``_NUMPY_REJECTS``
+# (with ``axes`` that fit, it passes and the device function runs).
+_FEWEST_DIMENSIONS: dict[str, dict[str, int]] = {
+    "numpy.fft": dict.fromkeys(("fft2", "ifft2", "rfft2", "irfft2"), 2)}
+
 # Functions that CuPy runs into an illegal memory access for an empty argument
 # (``np.percentile`` of a (3, 0, 5, 4) array, H100, 2026-11-25; the CUDA context is then
 # unusable): with an empty first argument NumPy's function answers on the host (no data to copy).
@@ -243,14 +251,16 @@ def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
         adjusted = _on_host_when_empty(adjusted, host_function, device_module)
     rejected = _NUMPY_REJECTS.get(host_module, {}).get(name)
     empty_checked = name in _NO_IDENTITY.get(host_module, ())
-    if (rejected is None and not empty_checked) or not callable(host_function):
+    fewest = _FEWEST_DIMENSIONS.get(host_module, {}).get(name, 0)
+    if (rejected is None and not empty_checked and not fewest) or not callable(host_function):
         return adjusted
     rejected = rejected or ""
 
     @functools.wraps(device_function)
     def checked(*args: Any, **kwargs: Any) -> Any:
         if args and (getattr(getattr(args[0], "dtype", None), "char", None) in rejected
-                     or (empty_checked and getattr(args[0], "size", None) == 0)):
+                     or (empty_checked and getattr(args[0], "size", None) == 0)
+                     or getattr(args[0], "ndim", fewest) < fewest):
             host_function(*map(_stand_in, args),
                           **{key: _stand_in(value) for key, value in kwargs.items()})
         return adjusted(*args, **kwargs)
