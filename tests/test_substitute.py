@@ -183,6 +183,7 @@ def permissive(monkeypatch: pytest.MonkeyPatch) -> ModuleMapper:
         accepting("round"), accepting("percentile"), accepting("histogram"))
     linalg.eigh = lambda m: (accepting("eigh")(m), None)  # type: ignore[attr-defined]
     fft.rfft2 = accepting("rfft2")  # type: ignore[attr-defined]
+    fft.ifft, fft.irfft = accepting("ifft"), accepting("irfft")  # type: ignore[attr-defined]
     device.asarray = np.asarray  # type: ignore[attr-defined]
     device.linalg, device.fft, device.seen = linalg, fft, seen  # type: ignore[attr-defined]
     for module in (device, linalg, fft):
@@ -242,6 +243,21 @@ def test_percentile_of_an_empty_array_is_numpys_answer_without_device_work(
     device_clone(percentile_30, permissive)(np.ones(3), None)
     assert sys.modules["permissive_numpy"].seen == [  # type: ignore[attr-defined]
         ("percentile", np.dtype(np.float64))]
+
+
+@pytest.mark.parametrize("name", ["ifft", "irfft"])
+def test_ffts_of_float16_are_numpys_answer_without_device_work(
+        permissive: ModuleMapper, name: str) -> None:
+    """NumPy scales a float16 input's FFT by a factor rounded to float16, and its irfft is
+    float16; CuPy computes in float32."""
+    def transform(x: np.ndarray) -> Any:
+        return getattr(np.fft, name)(x)
+
+    x = np.random.default_rng(5).random(3).astype(np.float16)
+    got, expected = device_clone(transform, permissive)(x), transform(x)
+    assert (got.dtype, got.tobytes()) == (expected.dtype, expected.tobytes())
+    assert sys.modules["permissive_numpy"].seen == []  # type: ignore[attr-defined]
+    assert device_clone(transform, permissive)(x.astype(np.float32)) == f"{name} computed"
 
 
 def inverse(m: np.ndarray) -> Any:

@@ -35,8 +35,8 @@ Rules a user can rely on:
   tuples from ``numpy.linalg``, CuPy's linear algebra raising what cuSOLVER reports (a singular
   matrix), 0-d arrays from array makers, NumPy's own exception where CuPy accepts a dtype NumPy
   rejects, ``np.histogram`` of integers counted as NumPy counts them, ``np.percentile`` and
-  its kin of an empty array answered by NumPy, NumPy's ``IndexError`` for a 2-D FFT of fewer
-  than two dimensions.
+  its kin of an empty array and FFTs of a float16 input answered by NumPy on the host, NumPy's
+  ``IndexError`` for a 2-D FFT of fewer than two dimensions.
 """
 
 from __future__ import annotations
@@ -214,6 +214,14 @@ _FEWEST_DIMENSIONS: dict[str, dict[str, int]] = {
 _HOST_WHEN_EMPTY: dict[str, frozenset[str]] = {"numpy": frozenset({
     "percentile", "quantile", "nanpercentile", "nanquantile"})}
 
+# numpy.fft transforms of a float16 input: NumPy scales by a factor rounded to float16 and gives
+# irfft and hfft float16 results, where CuPy computes in float32 throughout (``np.fft.ifft`` of
+# three float16 values: 0.70885 against 0.70903; ``irfft``: float16 against float32; H100,
+# 2026-11-25). NumPy answers them on the host.
+_HOST_FOR_FLOAT16: dict[str, frozenset[str]] = {"numpy.fft": frozenset({
+    "fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fft2", "ifft2", "rfft2", "irfft2", "fftn",
+    "ifftn", "rfftn", "irfftn"})}
+
 
 def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
                    name: str, device_module: str) -> Any:
@@ -248,7 +256,9 @@ def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
     if device_module == "cupy.linalg":
         adjusted = _raising_linalg_errors(adjusted, name)
     if name in _HOST_WHEN_EMPTY.get(host_module, ()) and callable(host_function):
-        adjusted = _on_host_when_empty(adjusted, host_function, device_module)
+        adjusted = _on_host_when(adjusted, host_function, device_module, _is_empty)
+    if name in _HOST_FOR_FLOAT16.get(host_module, ()) and callable(host_function):
+        adjusted = _on_host_when(adjusted, host_function, device_module, _is_float16)
     rejected = _NUMPY_REJECTS.get(host_module, {}).get(name)
     empty_checked = name in _NO_IDENTITY.get(host_module, ())
     fewest = _FEWEST_DIMENSIONS.get(host_module, {}).get(name, 0)
@@ -268,21 +278,31 @@ def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
     return checked
 
 
-def _on_host_when_empty(device_function: Any, host_function: Any, device_module: str) -> Any:
-    """``device_function``, except that for an empty first argument (and no ``out=``)
-    ``host_function`` runs on host copies of the arguments: NumPy's exception, or NumPy's
-    result (an array of it on the device)."""
+def _is_empty(first: Any) -> bool:
+    return getattr(first, "size", None) == 0
+
+
+def _is_float16(first: Any) -> bool:
+    return getattr(first, "dtype", None) == numpy.float16
+
+
+def _on_host_when(device_function: Any, host_function: Any, device_module: str,
+                  when: Callable[[Any], bool]) -> Any:
+    """``device_function``, except that where ``when(first argument)`` holds (and no
+    ``out=`` is given) ``host_function`` runs on host copies of the arguments: NumPy's
+    exception, or NumPy's result (an array of it on the device)."""
     @functools.wraps(device_function)
-    def host_when_empty(*args: Any, **kwargs: Any) -> Any:
-        if not args or getattr(args[0], "size", None) != 0 or "out" in kwargs:
+    def host_when(*args: Any, **kwargs: Any) -> Any:
+        if not args or not when(args[0]) or "out" in kwargs:
             return device_function(*args, **kwargs)
         result = host_function(*map(_on_host, args),
                                **{key: _on_host(value) for key, value in kwargs.items()})
         if isinstance(result, numpy.ndarray):
-            return importlib.import_module(device_module).asarray(result)
+            # The package's own ``asarray`` (``cupy``, for a function of ``cupy.fft``).
+            return importlib.import_module(device_module.partition(".")[0]).asarray(result)
         return result
 
-    return host_when_empty
+    return host_when
 
 
 def _on_host(value: Any) -> Any:
