@@ -260,6 +260,19 @@ def test_ffts_of_float16_are_numpys_answer_without_device_work(
     assert device_clone(transform, permissive)(x.astype(np.float32)) == f"{name} computed"
 
 
+def test_ffts_of_an_empty_input_are_numpys_answer_without_device_work(
+        permissive: ModuleMapper) -> None:
+    """CuPy's irfft of a (0, 1) array gave an empty array where NumPy finds no data points."""
+    def transform(x: np.ndarray) -> Any:
+        return np.fft.irfft(x)
+
+    with pytest.raises(ValueError, match="Invalid number of FFT data points"):
+        device_clone(transform, permissive)(np.ones((0, 1), dtype=bool))
+    got, expected = device_clone(transform, permissive)(np.ones((0, 3))), transform(np.ones((0, 3)))
+    assert (got.shape, got.dtype) == (expected.shape, expected.dtype)
+    assert sys.modules["permissive_numpy"].seen == []  # type: ignore[attr-defined]
+
+
 def inverse(m: np.ndarray) -> Any:
     return np.linalg.inv(m)
 

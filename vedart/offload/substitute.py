@@ -208,19 +208,24 @@ _NO_IDENTITY: dict[str, frozenset[str]] = {"numpy": frozenset({
 _FEWEST_DIMENSIONS: dict[str, dict[str, int]] = {
     "numpy.fft": dict.fromkeys(("fft2", "ifft2", "rfft2", "irfft2"), 2)}
 
-# Functions that CuPy runs into an illegal memory access for an empty argument
+# numpy.fft's transforms.
+_FFT_TRANSFORMS = frozenset({"fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fft2", "ifft2",
+                             "rfft2", "irfft2", "fftn", "ifftn", "rfftn", "irfftn"})
+
+# Functions that, for an empty argument, CuPy runs into an illegal memory access
 # (``np.percentile`` of a (3, 0, 5, 4) array, H100, 2026-11-25; the CUDA context is then
-# unusable): with an empty first argument NumPy's function answers on the host (no data to copy).
-_HOST_WHEN_EMPTY: dict[str, frozenset[str]] = {"numpy": frozenset({
-    "percentile", "quantile", "nanpercentile", "nanquantile"})}
+# unusable) or answers where NumPy raises (``np.fft.irfft`` of a (0, 1) array: an empty array,
+# where NumPy finds no data points; H200, 2026-11-25): with an empty first argument NumPy's
+# function answers on the host (no data to copy).
+_HOST_WHEN_EMPTY: dict[str, frozenset[str]] = {
+    "numpy": frozenset({"percentile", "quantile", "nanpercentile", "nanquantile"}),
+    "numpy.fft": _FFT_TRANSFORMS}
 
 # numpy.fft transforms of a float16 input: NumPy scales by a factor rounded to float16 and gives
 # irfft and hfft float16 results, where CuPy computes in float32 throughout (``np.fft.ifft`` of
 # three float16 values: 0.70885 against 0.70903; ``irfft``: float16 against float32; H100,
 # 2026-11-25). NumPy answers them on the host.
-_HOST_FOR_FLOAT16: dict[str, frozenset[str]] = {"numpy.fft": frozenset({
-    "fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fft2", "ifft2", "rfft2", "irfft2", "fftn",
-    "ifftn", "rfftn", "irfftn"})}
+_HOST_FOR_FLOAT16: dict[str, frozenset[str]] = {"numpy.fft": _FFT_TRANSFORMS}
 
 
 def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
