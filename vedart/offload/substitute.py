@@ -35,8 +35,8 @@ Rules a user can rely on:
   tuples from ``numpy.linalg``, CuPy's linear algebra raising what cuSOLVER reports (a singular
   matrix), 0-d arrays from array makers, NumPy's own exception where CuPy accepts a dtype NumPy
   rejects, ``np.histogram`` of integers counted as NumPy counts them, ``np.percentile`` and
-  its kin of an empty array and FFTs of a float16 input answered by NumPy on the host, NumPy's
-  ``IndexError`` for a 2-D FFT of fewer than two dimensions.
+  its kin and the FFTs of an empty array, and the FFTs of a float16 array, answered by NumPy
+  on the host, NumPy's ``IndexError`` for a 2-D FFT of fewer than two dimensions.
 """
 
 from __future__ import annotations
