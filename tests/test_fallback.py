@@ -50,6 +50,7 @@ def gpu_attempts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[BaseException
         attempts.append(device)
         raise raised[min(len(attempts), len(raised)) - 1]
 
+    failing_launch.attempts = attempts  # type: ignore[attr-defined]
     monkeypatch.setattr(decorator._Offload, "launch", failing_launch)
     yield raised
 
@@ -148,6 +149,42 @@ def test_device_state_failures_are_not_remembered(gpu_attempts: list[BaseExcepti
         assert double.explain(x).path == "gpu"  # the device may be fine next time
         np.testing.assert_array_equal(double(x), x * 2)
     assert double.explain(x).path == "cpu"
+
+
+CONTEXT_LOST = "cudaErrorIllegalAddress: an illegal memory access was encountered"
+
+
+def test_a_lost_cuda_context_sends_every_later_call_to_the_cpu(
+        gpu_attempts: list[BaseException]) -> None:
+    gpu_attempts.append(CUDARuntimeError(CONTEXT_LOST))
+    double, triple = veda.gpu(lambda x: x * 2), veda.gpu(force="gpu")(lambda x: x * 3)
+    x = rng_array()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        np.testing.assert_array_equal(double(x), x * 2)
+    assert any("the CUDA context is lost; every @gpu call runs on the CPU from now on"
+               in str(warning.message) for warning in caught)
+    gpu = veda.get_runtime().gpu
+    assert gpu is not None and not gpu.is_available()
+    expected = (f"no GPU: CUDARuntimeError: {CONTEXT_LOST} (in {__name__}."
+                f"{double.__qualname__}); the CUDA context is lost for this process: restart "
+                "it to use the GPU")
+    assert double.explain(x).reason == expected
+    np.testing.assert_array_equal(triple(x), x * 3)
+    assert last_decision(triple) == ("cpu", f"forced by @gpu(force=\"gpu\") but {expected}")
+    assert len(gpu_attempts) == 1 and decorator._Offload.launch.attempts == [0]  # type: ignore
+
+
+def test_a_cuda_error_that_keeps_the_context_keeps_the_gpu(
+        gpu_attempts: list[BaseException]) -> None:
+    gpu_attempts.append(CUDARuntimeError("cudaErrorMemoryAllocation: out of memory"))
+    double = veda.gpu(lambda x: x * 2)
+    x = rng_array()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", veda.OffloadWarning)
+        np.testing.assert_array_equal(double(x), x * 2)
+    gpu = veda.get_runtime().gpu
+    assert gpu is not None and gpu.is_available()
 
 
 def test_idempotent_false_raises_offload_error_without_a_cpu_run(

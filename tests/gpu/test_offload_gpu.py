@@ -3,9 +3,14 @@ and a property test comparing the GPU path with the CPU path (``pytest -m gpu``)
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -393,3 +398,67 @@ def test_gpu_path_matches_cpu_path(name: str, dtype: type, shape: tuple[int, ...
     # Reductions may cancel; their rounding error scales with the summed magnitudes.
     scale = float(np.abs(x).astype(np.float64).sum()) if name in REDUCTIONS else 100.0
     assert_same(actual, expected, rtol=tolerance, atol=tolerance * scale)
+
+
+# In a process of its own: an illegal memory access leaves the CUDA context unusable.
+LOSES_THE_CONTEXT = r"""
+import json, os, warnings
+import numpy as np
+import cupy
+import vedart as veda
+
+veda.init()
+double = veda.gpu(force="gpu")(lambda x: x * 2)
+x = np.arange(100_000, dtype=np.float64)
+assert np.array_equal(double(x), x * 2)
+before = veda.get_runtime().telemetry.function(
+    f"{double.__module__}.{double.__qualname__}").last_decision()
+writes_anywhere = cupy.RawKernel(
+    'extern "C" __global__ void poke(unsigned long long address) '
+    '{ ((float*)address)[threadIdx.x] = 1.0f; }', "poke")
+writes_anywhere((1,), (32,), (np.uint64(8),))
+try:
+    cupy.cuda.runtime.deviceSynchronize()
+except Exception as error:
+    raw = type(error).__name__ + ": " + str(error)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    first = double(x)
+    second = double(x * 3)
+name = f"{double.__module__}.{double.__qualname__}"
+print(json.dumps({
+    "before": before[0], "raw": raw, "available": veda.get_runtime().gpu.is_available(),
+    "first": bool(np.array_equal(first, x * 2)), "second": bool(np.array_equal(second, x * 6)),
+    "last": veda.get_runtime().telemetry.function(name).last_decision(),
+    "calls": veda.get_runtime().telemetry.function(name).totals()["calls"],
+    "warnings": [str(w.message) for w in caught]}))
+try:
+    veda.shutdown()
+    shutdown = "ok"
+except Exception as error:
+    shutdown = type(error).__name__ + ": " + str(error)
+print(json.dumps({"shutdown": shutdown}), flush=True)
+os._exit(0)  # CuPy's own teardown in a lost context is not what this test is about
+"""
+
+
+def test_a_lost_cuda_context_sends_every_later_call_to_the_cpu_in_a_fresh_process() -> None:
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(veda.__file__).resolve().parents[1]), environment.get("PYTHONPATH", "")])
+    finished = subprocess.run([sys.executable, "-c", LOSES_THE_CONTEXT], env=environment,
+                              capture_output=True, text=True, timeout=300, check=False)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    *_, decisions, shut_down = finished.stdout.strip().splitlines()
+    seen = json.loads(decisions)
+    assert json.loads(shut_down) == {"shutdown": "ok"}
+    assert seen["before"] == "gpu"
+    assert seen["raw"].startswith("CUDARuntimeError: cudaErrorIllegalAddress"), seen["raw"]
+    assert seen["available"] is False and seen["first"] and seen["second"]
+    path, reason = seen["last"]
+    assert path == "cpu" and reason.startswith('forced by @gpu(force="gpu") but no GPU: CUDA')
+    assert "IllegalAddress" in reason or "ILLEGAL_ADDRESS" in reason, reason
+    assert reason.endswith("the CUDA context is lost for this process: restart it to use the GPU")
+    assert seen["calls"] == {"cpu": 1, "gpu": 1, "fallback": 1}
+    assert any("the CUDA context is lost; every @gpu call runs on the CPU from now on" in message
+               for message in seen["warnings"]), seen["warnings"]

@@ -78,6 +78,12 @@ class GPUContext:
     def is_available(self) -> bool:
         return self.unavailable_reason is None
 
+    def disable(self, reason: str) -> None:
+        """Make the GPU unusable for the rest of this runtime, for ``reason`` (a CUDA error
+        that lost the process's CUDA context): every later @gpu decision runs on the CPU and
+        says ``no GPU: <reason>``."""
+        self.unavailable_reason = reason
+
     def __bool__(self) -> bool:
         return self.is_available()
 

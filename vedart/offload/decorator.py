@@ -54,6 +54,7 @@ from vedart.offload.failures import (
     depends_on_the_moment,
     failure_summary,
     is_gpu_failure,
+    loses_context,
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
 from vedart.offload.results import (
@@ -616,6 +617,15 @@ class PlannedCall:
         summary = failure_summary(error)
         helper = helper_of(error)
         where = "" if helper is None else f" in helper {helper}"
+        lost = loses_context(error)
+        if lost:  # nothing more can run on this GPU in this process: say so once, use the CPU
+            gpu = self._runtime.gpu
+            assert gpu is not None
+            gpu.disable(f"{summary} (in {offload.name}{where}); the CUDA context is lost "
+                        "for this process: restart it to use the GPU")
+            _warn_once.warn(offload.name, "context lost", (
+                f"{offload.name}: {summary}{where}: the CUDA context is lost; every @gpu call "
+                "runs on the CPU from now on (restart the process to use the GPU)"))
         if self._fallback == "raise" or not offload.options.idempotent:
             if not is_gpu_failure(error):
                 raise error
@@ -634,9 +644,11 @@ class PlannedCall:
         _warn_once.warn(offload.name, kind, f"{offload.name}: {reason}")
         if remember and not self.facts.device_ordinals:
             offload.gpu_failures[self.facts.signature] = summary
-        # A failed GPU attempt costs its time plus the re-run: learn it as the GPU's time.
-        offload.learn(self._runtime, decision, self.facts,
-                      self._own_seconds + time.perf_counter() - landing)
+        # A failed GPU attempt costs its time plus the re-run: learn it as the GPU's time
+        # (not when the context was lost: the GPU of a fresh process is not slow).
+        if not lost:
+            offload.learn(self._runtime, decision, self.facts,
+                          self._own_seconds + time.perf_counter() - landing)
         return result
 
     def _settle_uploads(self) -> None:

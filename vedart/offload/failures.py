@@ -67,6 +67,26 @@ def depends_on_the_moment(error: BaseException) -> bool:
         type(error).__module__.startswith(_GPU_PACKAGES)
 
 
+# CUDA errors after which no CUDA work of the process can succeed (the CUDA documentation says
+# of each that the process must be terminated and relaunched to use CUDA again), by the name
+# CuPy's CUDARuntimeError and CUDADriverError messages begin with.
+_CONTEXT_LOST = frozenset({
+    "cudaErrorIllegalAddress", "cudaErrorLaunchFailure", "cudaErrorLaunchTimeout",
+    "cudaErrorIllegalInstruction", "cudaErrorMisalignedAddress", "cudaErrorInvalidAddressSpace",
+    "cudaErrorInvalidPc", "cudaErrorHardwareStackError", "cudaErrorAssert",
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT"})
+
+
+def loses_context(error: BaseException) -> bool:
+    """Whether ``error`` is a CUDA error that leaves the process's CUDA context unusable (an
+    illegal memory access, a failed kernel launch, a device-side assert)."""
+    return depends_on_the_moment(error) and \
+        str(error).partition(":")[0].strip() in _CONTEXT_LOST
+
+
 def failure_summary(error: BaseException) -> str:
     """A one-line description: the exception type and the first line of its message."""
     first_line = str(error).splitlines()[0] if str(error) else ""
