@@ -224,3 +224,25 @@ def test_the_pool_read_is_the_users_own_when_its_malloc_is_the_allocator() -> No
         assert tracker.close() and cupy.cuda.get_allocator().__self__ is own
     finally:
         cupy.cuda.set_allocator(before)
+
+
+def test_a_disabled_context_closes_without_raising_cudas_errors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a lost CUDA context every CUDA call fails; closing must not raise then (it
+    must still raise for a context that was not lost)."""
+    class LostContext(RuntimeError):
+        pass
+
+    def failing_close() -> None:
+        raise LostContext("cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+    gpu = veda.init(device_probe=FakeProbe()).gpu
+    assert gpu is not None and gpu.transfers is not None
+    monkeypatch.setattr(gpu.transfers, "close", failing_close)
+    with pytest.raises(LostContext):
+        gpu.close()
+    gpu.disable("the CUDA context is lost")
+    assert not gpu.is_available() and gpu.unavailable_reason == "the CUDA context is lost"
+    probe = gpu._probe
+    gpu.close()
+    assert probe.closed  # type: ignore[attr-defined]

@@ -451,7 +451,6 @@ def test_a_lost_cuda_context_sends_every_later_call_to_the_cpu_in_a_fresh_proces
     assert finished.returncode == 0, finished.stderr[-3000:]
     *_, decisions, shut_down = finished.stdout.strip().splitlines()
     seen = json.loads(decisions)
-    assert json.loads(shut_down) == {"shutdown": "ok"}
     assert seen["before"] == "gpu"
     assert seen["raw"].startswith("CUDARuntimeError: cudaErrorIllegalAddress"), seen["raw"]
     assert seen["available"] is False and seen["first"] and seen["second"]
@@ -462,3 +461,4 @@ def test_a_lost_cuda_context_sends_every_later_call_to_the_cpu_in_a_fresh_proces
     assert seen["calls"] == {"cpu": 1, "gpu": 1, "fallback": 1}
     assert any("the CUDA context is lost; every @gpu call runs on the CPU from now on" in message
                for message in seen["warnings"]), seen["warnings"]
+    assert json.loads(shut_down) == {"shutdown": "ok"}  # closing frees nothing, raises nothing

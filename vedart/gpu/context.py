@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from vedart import lifecycle
+from vedart._logging import logger
 from vedart.config import Config
 from vedart.errors import ConfigError, DeviceError, GPUUnavailableError
 from vedart.gpu.devices import CudaProbe, DeviceInfo, DeviceProbe, Discovery
@@ -60,6 +61,7 @@ class GPUContext:
         self._backends: dict[int, CUDABackend] = {}
         self._backends_lock = threading.Lock()
         self._free_readings: dict[int, tuple[int, float]] = {}  # ordinal -> (bytes, when)
+        self._context_lost = False  # set by disable(): CUDA can do nothing more here
         if self.is_available():
             self.transfers = TransferEngine(config.pinned_memory_limit)
             # Loading the compiled staging loop and making a staging ring now, in the
@@ -79,9 +81,11 @@ class GPUContext:
         return self.unavailable_reason is None
 
     def disable(self, reason: str) -> None:
-        """Make the GPU unusable for the rest of this runtime, for ``reason`` (a CUDA error
-        that lost the process's CUDA context): every later @gpu decision runs on the CPU and
-        says ``no GPU: <reason>``."""
+        """Make the GPU unusable for the rest of this runtime, for ``reason``: the process's
+        CUDA context is lost (a CUDA error that every later CUDA call repeats). Every later
+        @gpu decision runs on the CPU and says ``no GPU: <reason>``; :meth:`close` no longer
+        raises CUDA's errors."""
+        self._context_lost = True
         self.unavailable_reason = reason
 
     def __bool__(self) -> bool:
@@ -164,11 +168,19 @@ class GPUContext:
         return min(max(self._probe.utilization_percent(info.ordinal), 0.0), 100.0)
 
     def close(self) -> None:
-        """Release staging threads and buffers, pool settings and NVML. Idempotent."""
-        if self.transfers is not None:
-            self.transfers.close()
-        if self.memory is not None:
-            self.memory.close()
+        """Release staging threads and buffers, pool settings and NVML. Idempotent. After
+        :meth:`disable`, CUDA's errors while releasing are not raised: nothing can be freed
+        in a lost context, and CUDA releases it all when the process ends."""
+        for part in (self.transfers, self.memory):
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception:
+                if not self._context_lost:
+                    raise
+                logger.debug("closing %s in a lost CUDA context", type(part).__name__,
+                             exc_info=True)
         self._probe.close()
 
 
