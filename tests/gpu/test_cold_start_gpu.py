@@ -5,14 +5,10 @@ ring ahead."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-
-import vedart
 
 pytestmark = pytest.mark.gpu
 
@@ -31,12 +27,9 @@ print(json.dumps({"began_at_init": began, "loaded": loaded, "ring_made_ahead": r
 """
 
 
-def test_init_begins_loading_the_staging_loop_and_making_a_ring_in_a_fresh_process() -> None:
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(vedart.__file__).resolve().parents[1]), environment.get("PYTHONPATH", "")])
-    finished = subprocess.run([sys.executable, "-c", FRESH_PROCESS], env=environment,
-                              capture_output=True, text=True, timeout=400, check=False)
+def test_init_begins_loading_the_staging_loop_and_making_a_ring_in_a_fresh_process(
+        fresh_process: Callable[[str, float], subprocess.CompletedProcess[str]]) -> None:
+    finished = fresh_process(FRESH_PROCESS, 400)
     assert finished.returncode == 0, finished.stderr
     assert json.loads(finished.stdout.strip().splitlines()[-1]) == {
         "began_at_init": True, "loaded": True, "ring_made_ahead": True}

@@ -4,13 +4,11 @@ and a property test comparing the GPU path with the CPU path (``pytest -m gpu``)
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -442,12 +440,9 @@ os._exit(0)  # CuPy's own teardown in a lost context is not what this test is ab
 """
 
 
-def test_a_lost_cuda_context_sends_every_later_call_to_the_cpu_in_a_fresh_process() -> None:
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(veda.__file__).resolve().parents[1]), environment.get("PYTHONPATH", "")])
-    finished = subprocess.run([sys.executable, "-c", LOSES_THE_CONTEXT], env=environment,
-                              capture_output=True, text=True, timeout=300, check=False)
+def test_a_lost_cuda_context_sends_every_later_call_to_the_cpu_in_a_fresh_process(
+        fresh_process: Callable[[str, float], subprocess.CompletedProcess[str]]) -> None:
+    finished = fresh_process(LOSES_THE_CONTEXT, 300)
     assert finished.returncode == 0, finished.stderr[-3000:]
     *_, decisions, shut_down = finished.stdout.strip().splitlines()
     seen = json.loads(decisions)
