@@ -46,7 +46,8 @@ def gpu_attempts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[BaseException
     raised: list[BaseException] = []
     attempts: list[int] = []
 
-    def failing_launch(self: Any, device: int, args: Any, kwargs: Any) -> Any:
+    def failing_launch(self: Any, device: int, args: Any, kwargs: Any,
+                       uploads: bool = True) -> Any:
         attempts.append(device)
         raise raised[min(len(attempts), len(raised)) - 1]
 

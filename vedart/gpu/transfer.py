@@ -487,8 +487,10 @@ class TransferEngine:
         """A CuPy copy of ``array`` on the current device, ordered on the current stream."""
         import cupy
 
-        array = native_byte_order(array)
-        if self._in_registered(array) and (layout := contiguous_layout(array)) is not None:
+        if not array.dtype.isnative:
+            array = native_byte_order(array)
+        if self._registered and self._in_registered(array) and \
+                (layout := contiguous_layout(array)) is not None:
             target = cupy.empty(array.shape, array.dtype, order=layout)
             cupy.cuda.runtime.memcpyAsync(target.data.ptr, array.ctypes.data, array.nbytes,
                                           cupy.cuda.runtime.memcpyHostToDevice,
@@ -653,7 +655,7 @@ def current_engine() -> TransferEngine | None:
     """The current runtime's transfer engine, or None without a usable GPU."""
     runtime = lifecycle.current
     gpu = None if runtime is None else runtime.gpu
-    return gpu.transfers if gpu is not None and gpu.is_available() else None
+    return gpu.transfers if gpu is not None and gpu.unavailable_reason is None else None
 
 
 def to_device(array: np.ndarray) -> Any:

@@ -330,8 +330,9 @@ class AdaptiveModel:
         path becomes the faster one. A settled bucket's calls are not timed, except that it
         re-checks its other path now and then (:meth:`_revisit_or`); ``peek`` answers as for
         the next call without counting this one (``explain``)."""
+        where = (key, signature, max(nbytes, 1).bit_length() - 1)  # size_bucket(nbytes)
         with self._lock:
-            state = self._bucket((key, signature, size_bucket(nbytes)))
+            state = self._buckets.get(where) or self._bucket(where)
             choice, settled = self._bucket_choice(state, key, signature, nbytes)
             if not settled:
                 return choice
@@ -375,9 +376,9 @@ class AdaptiveModel:
             if not peek:
                 state.calls_left -= 1
                 bucket.last_path = choice.path  # untimed, but a switch all the same
-                seconds = bucket.typical(choice.path)
+                seconds = bucket.typicals.get(choice.path) or bucket.typical(choice.path)
                 if seconds != math.inf:
-                    self._ledger(key).total += seconds
+                    (self._ledgers.get(key) or self._ledger(key)).total += seconds
             return choice
         if state.recheck_left > 0:
             interval, call = state.interval, 2 * RECHECK_CALLS - state.recheck_left + 1

@@ -160,8 +160,11 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
         rebuilt = copy.copy(value)
         rebuilt.update(items)
         return rebuilt
-    converted = [map_arrays(item, array_type, convert, depth - 1, records=records,
-                            host_classes=host_classes) for item in value]
+    converted = [convert(item) if isinstance(item, array_type) else
+                 map_arrays(item, array_type, convert, depth - 1, records=records,
+                            host_classes=host_classes)
+                 if depth > 1 and (isinstance(item, _CONTAINERS) or records) else item
+                 for item in value]
     if all(map(operator.is_, converted, value)):
         return value
     if isinstance(value, list):
@@ -177,6 +180,7 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
 
 _SIGNATURE_PARTS: dict[tuple[np.dtype[Any], int], str] = {}  # (dtype, ndim) -> "<f4:2"
 _SIGNATURE_PARTS_KEPT = 1024  # string dtypes of many lengths must not grow it without bound
+_SCALAR_PARTS: dict[tuple[tuple[str, int], ...], str] = {}  # ((name, log2), ...) -> ";n~2^9"
 
 
 def signature_of(arrays: list[np.ndarray]) -> str:
@@ -232,9 +236,15 @@ class ArgumentFacts:
         (computed once: the adaptive model reads it when deciding and again when learning)."""
         signature = self._signature
         if signature is None:
-            signature = signature_of(self.host_arrays)
+            signature = signature_of(self.host_arrays) if self.host_arrays else ""
             if self.scalars:
-                signature += ";" + ",".join(f"{name}~2^{bits}" for name, bits in self.scalars)
+                scalars = tuple(self.scalars)
+                part = _SCALAR_PARTS.get(scalars)
+                if part is None:
+                    part = ";" + ",".join(f"{name}~2^{bits}" for name, bits in scalars)
+                    if len(_SCALAR_PARTS) < _SIGNATURE_PARTS_KEPT:
+                        _SCALAR_PARTS[scalars] = part
+                signature += part
             self._signature = signature
         return signature
 
@@ -246,8 +256,16 @@ def scan(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type,
     in one pass."""
     facts = ArgumentFacts()
     for position, value in enumerate(args):
-        if not _scalar(facts, names[position] if position < len(names) else f"arg{position}",
-                       value):
+        # The commonest arguments inline: every call past the fast path scans.
+        kind = type(value)
+        if kind is _ndarray:
+            facts.host_arrays.append(value)
+            facts.host_bytes += value.nbytes
+        elif kind is int:
+            facts.scalars.append((names[position] if position < len(names) else f"arg{position}",
+                                  max(abs(value).bit_length() - 1, 0)))
+        elif not _scalar(facts, names[position] if position < len(names) else f"arg{position}",
+                         value):
             _collect(value, device_type, CONTAINER_DEPTH, facts)
     for name, value in kwargs.items():
         if not _scalar(facts, name, value):

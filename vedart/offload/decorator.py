@@ -33,7 +33,14 @@ import numpy as np
 from vedart import lifecycle
 from vedart.config import FIELD_SPECS
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
-from vedart.gpu.transfer import Staged, TransferEngine, staging_loop_loading, to_host, upload
+from vedart.gpu.transfer import (
+    Staged,
+    TransferEngine,
+    current_engine,
+    staging_loop_loading,
+    to_host,
+    upload,
+)
 from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
     HEAVY_AT_ONCE_S,
@@ -58,8 +65,8 @@ from vedart.offload.failures import (
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
 from vedart.offload.results import (
+    HOST_LEAVES,
     RecordingMadeArrays,
-    note_made_array,
     results_to_host,
     unconverted_paths,
 )
@@ -182,6 +189,7 @@ class _Offload:
     def __init__(self, func: Callable[..., Any], options: OffloadOptions) -> None:
         self.func = func
         self.options = options
+        self._returns_host = options.returns == "host"
         self.name = _qualified_name(func)
         self.key = function_key(func, self.name)
         self._gpu_warm = False
@@ -302,7 +310,7 @@ class _Offload:
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Decide one call the fast path did not settle, and run it."""
-        return self.plan_call(args, kwargs).run()
+        return PlannedCall(self, self.current_plan(), args, kwargs).run()
 
     def forcing(self) -> Forcing | None:
         in_context = forced_path.get()
@@ -317,15 +325,16 @@ class _Offload:
         runtime = plan.runtime
         assert runtime is not None
         model = runtime.cost_model
-        forcing = self.forcing()
+        in_context = forced_path.get()
+        forcing = None if in_context is None and self.options.force is None else self.forcing()
         decision = decide(
             facts, gpu=runtime.gpu, threshold=0 if plan.heavy else plan.threshold,
             headroom=runtime.config.memory_headroom,
             device=self.options.device if self.options.device is not None or facts.device_ordinals
             else preferred_device.get(),
             forcing=forcing,
-            size_rule=None if model is None else lambda: model.choose(
-                self.key, facts.signature, facts.host_bytes, peek=peek))
+            size_rule=None if model is None else functools.partial(
+                model.choose, self.key, facts.signature, facts.host_bytes, peek=peek))
         if decision.path == "gpu" and forcing is None and self.gpu_failures:
             failure = self.gpu_failures.get(facts.signature)
             if failure is not None:  # the model still learns the CPU time of what it chose
@@ -390,25 +399,39 @@ class _Offload:
             self._clone = device_clone(self.func, mapper, self.reach)
         return self._clone
 
-    def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Launch:
+    def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any],
+               uploads: bool = True) -> _Launch:
         """Move the host inputs (arrays or Staged copies) to ``device`` and run the substituted
         clone there, on that device's current stream, without waiting for the device: the
         tail of an upload overlaps the clone's own Python work (waiting for it measured
         30-100 us per call on the H100), so ``moved_in`` marks when the host had handed the
         inputs over. ``device`` is made current only when it is not already (a lane has made
-        its own current; entering a device context costs a few microseconds a call)."""
+        its own current; entering a device context costs a few microseconds a call).
+        ``uploads=False``: the arguments hold no host input, and are not walked."""
         import cupy
 
-        device_function = self._device_function()
+        device_function = self._clone or self._device_function()
         if cupy.cuda.runtime.getDevice() != device:
             with cupy.cuda.Device(device):
-                return self.launch(device, args, kwargs)
+                return self.launch(device, args, kwargs, uploads)
         stream = cupy.cuda.get_current_stream()
         started = time.perf_counter()
         with RecordingMadeArrays() as made_arrays:  # 0-d arguments stay 0-d arrays
-            device_args = map_arrays(args, HOST_INPUTS, _upload_noted, CONTAINER_DEPTH + 1)
-            device_kwargs = map_arrays(kwargs, HOST_INPUTS, _upload_noted,
-                                       CONTAINER_DEPTH + 1) if kwargs else kwargs
+            device_args, device_kwargs = args, kwargs
+            if uploads:
+                engine = current_engine()
+                upload_one = upload if engine is None else engine.upload
+
+                def upload_noted(value: Staged | np.ndarray) -> Any:
+                    device_array = upload_one(value)
+                    if device_array.ndim == 0:
+                        made_arrays.append(device_array)
+                    return device_array
+
+                device_args = map_arrays(args, HOST_INPUTS, upload_noted, CONTAINER_DEPTH + 1)
+                if kwargs:
+                    device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload_noted,
+                                               CONTAINER_DEPTH + 1)
             moved_in = time.perf_counter()
             result = device_function(*device_args, **device_kwargs)
         return _Launch(device, stream, device_args, device_kwargs, result, started, moved_in,
@@ -424,32 +447,31 @@ class _Offload:
 
         launch.stream.synchronize()
         computed = time.perf_counter()
-        write_backs = [] if self._signature is None else self._fetch_writes(
-            args, kwargs, launch.device_args, launch.device_kwargs)
-        bytes_to_host = sum(host.nbytes for _, _, host in write_backs) if write_backs else 0
-        result = launch.result
-        if self.options.returns == "host":
+        result, bytes_to_host, write_backs = launch.result, 0, None
+        if self._signature is not None:  # writes=
+            write_backs = self._fetch_writes(args, kwargs, launch.device_args,
+                                             launch.device_kwargs)
+            bytes_to_host = sum(host.nbytes for _, _, host in write_backs)
+        if self._returns_host:
             result, result_bytes = results_to_host(
                 result, cupy.ndarray, made_arrays=launch.made_arrays,
                 writes={id(device): (device, original) for original, device, _ in write_backs}
                 if write_backs else None)
             bytes_to_host += result_bytes
-            unconverted = unconverted_paths(result, cupy.ndarray)
+            unconverted = [] if isinstance(result, HOST_LEAVES) else \
+                unconverted_paths(result, cupy.ndarray)
             if unconverted:
                 _warn_once.warn(self.name, "unconverted", (
                     f"{self.name}: returned device arrays vedart does not convert, handed back "
                     f"as CuPy arrays: {', '.join(unconverted[:5])}; return them in a tuple, "
                     "list, dict, dataclass or SimpleNamespace, or call veda.to_host"))
         finished = time.perf_counter()
-        for original, _, host in write_backs:  # only after everything else succeeded
-            np.copyto(original, host)
-        record = CallRecord(
-            self.name, "gpu", reason, launch.device,
-            bytes_to_device=bytes_to_device,
-            bytes_to_host=bytes_to_host,
-            seconds_to_device=launch.moved_in - launch.started,
-            seconds_compute=computed - launch.moved_in,
-            seconds_to_host=finished - computed, timestamp=time.time())
+        if write_backs:
+            for original, _, host in write_backs:  # only after everything else succeeded
+                np.copyto(original, host)
+        record = CallRecord(self.name, "gpu", reason, launch.device, bytes_to_device,
+                            bytes_to_host, launch.moved_in - launch.started,
+                            computed - launch.moved_in, finished - computed, time.time())
         return result, record
 
     def _fetch_writes(self, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -462,10 +484,6 @@ class _Offload:
         device_bound = self._signature.bind(*device_args, **device_kwargs).arguments
         return [(host_bound[name], device_bound[name], to_host(device_bound[name]))
                 for name in self.options.writes]
-
-
-def _upload_noted(value: Staged | np.ndarray) -> Any:
-    return note_made_array(upload(value))
 
 
 @dataclass
@@ -548,8 +566,20 @@ class PlannedCall:
                 self._offload.learn(self._runtime, decision, self.facts,
                                      time.perf_counter() - started)
             return result
-        self.launch()
-        return self.land()
+        # One thread runs both phases: no phase bookkeeping (see launch and land for lanes).
+        offload, started = self._offload, time.perf_counter()
+        failure: Exception | None = None
+        try:
+            result, record = offload.land(
+                offload.launch(decision.device, self.args, self.kwargs,
+                               bool(self.facts.host_arrays)),
+                decision.reason, self.facts.host_bytes, self.args, self.kwargs)
+        except Exception as error:
+            failure = error
+        self._inputs = None
+        if failure is not None:
+            return self._recover(failure, started)
+        return self._landed(result, record, time.perf_counter() - started)
 
     def stages(self, engine: TransferEngine) -> bool:
         """Whether :meth:`stage` would copy anything ahead with ``engine``."""
@@ -575,7 +605,8 @@ class PlannedCall:
             return
         started = time.perf_counter()
         try:
-            self._launch = self._offload.launch(self.decision.device, *self._inputs)
+            self._launch = self._offload.launch(self.decision.device, *self._inputs,
+                                                uploads=bool(self.facts.host_arrays))
         except Exception as error:
             self._failure = error
         self._own_seconds += time.perf_counter() - started
@@ -583,7 +614,7 @@ class PlannedCall:
     def land(self) -> Any:
         """The launched call's result (see the class doc, and :meth:`_recover` for a GPU
         attempt that raised)."""
-        offload, decision, runtime = self._offload, self.decision, self._runtime
+        offload, decision = self._offload, self.decision
         landing = time.perf_counter()
         failure: Exception | None = None
         try:
@@ -600,13 +631,20 @@ class PlannedCall:
             self._inputs = self._launch = self._failure = None  # staged and device memory
         if failure is not None:
             return self._recover(failure, landing)
-        offload.learn(runtime, decision, self.facts,
-                      self._own_seconds + time.perf_counter() - landing)
-        stats = self._plan.stats
+        return self._landed(result, record, self._own_seconds + time.perf_counter() - landing)
+
+    def _landed(self, result: Any, record: CallRecord, seconds: float) -> Any:
+        """``result`` of a GPU call that succeeded in ``seconds`` of its own time, after the
+        model learned that time (a timed call) and telemetry recorded ``record``."""
+        runtime, stats = self._plan.runtime, self._plan.stats
+        assert runtime is not None
+        if self.decision.timed:  # a settled call is not learned from
+            self._offload.learn(runtime, self.decision, self.facts, seconds)
         if stats is not None:
             runtime.telemetry.record(record, stats)
-            if offload.reach is not None:
-                stats.helpers = offload.reach.names
+            reach = self._offload.reach
+            if reach is not None:
+                stats.helpers = reach.names
         return result
 
     def _recover(self, error: Exception, landing: float) -> Any:

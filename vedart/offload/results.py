@@ -44,8 +44,9 @@ ARRAY_KEEPERS = frozenset({"transpose", "reshape", "squeeze", "real", "imag", "m
 # How far and how much unconverted_paths looks into what results_to_host leaves alone.
 _UNCONVERTED_DEPTH = 16
 _UNCONVERTED_VISITS = 10_000
-# Values it never looks into (what results_to_host makes of a device array is one of them).
-_HOST_LEAVES = (np.ndarray, np.generic, int, float, complex, str, bytes, type(None))
+# Values unconverted_paths never looks into (what results_to_host makes of a device array
+# is one of them).
+HOST_LEAVES = (np.ndarray, np.generic, int, float, complex, str, bytes, type(None))
 
 _made_arrays: ContextVar[list[Any] | None] = ContextVar("vedart_made_arrays", default=None)
 
@@ -213,7 +214,7 @@ def unconverted_paths(value: Any, device_type: type, name: str = "result") -> li
     :func:`results_to_host` does not rebuild, or deeper than it looks. Looks through
     containers, sets, records and object attributes, ``_UNCONVERTED_DEPTH`` levels and
     ``_UNCONVERTED_VISITS`` values at most."""
-    if isinstance(value, _HOST_LEAVES):
+    if isinstance(value, HOST_LEAVES):
         return []
     found: list[str] = []
     seen: set[int] = set()
@@ -223,7 +224,7 @@ def unconverted_paths(value: Any, device_type: type, name: str = "result") -> li
             found.append(path)
             return
         if depth == 0 or len(seen) >= _UNCONVERTED_VISITS or id(item) in seen or \
-                isinstance(item, _HOST_LEAVES):
+                isinstance(item, HOST_LEAVES):
             return
         seen.add(id(item))
         if isinstance(item, dict):

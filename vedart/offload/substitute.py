@@ -526,7 +526,8 @@ class Reach:
         self._known: dict[Any, tuple[Any, tuple[Any, ...] | None]] = {}
         self._clones = 0  # helper functions cloned
         self._binds_numpy: dict[str, bool] = {}
-        self._names: tuple[str, ...] = ()
+        # The qualified names of the helper functions and classes that ran as clones.
+        self.names: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, func: Callable[..., Any], mapper: ModuleMapper) -> Reach:
@@ -537,11 +538,6 @@ class Reach:
             target = target.__func__ if isinstance(target, types.MethodType) else target.func
         home = getattr(target, "__module__", None)
         return cls(mapper, home if isinstance(home, str) else "__main__")
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The qualified names of the helper functions and classes that ran as clones."""
-        return self._names
 
     def device_value(self, value: Any, depth: int) -> Any:
         """What the name bound to ``value`` (a function, class or module) means in a clone
@@ -652,8 +648,8 @@ class Reach:
 
     def _name(self, value: Any) -> None:
         name = f"{value.__module__}.{value.__qualname__}"
-        if name not in self._names:
-            self._names = tuple(sorted((*self._names, name)))
+        if name not in self.names:
+            self.names = tuple(sorted((*self.names, name)))
 
     def _clone_attribute(self, attribute: Any, depth: int) -> Any:
         if type(attribute) is types.FunctionType:
