@@ -26,8 +26,10 @@ class CallRecord:
     """One call that went past the fast path. Seconds are wall-clock per phase;
     ``seconds_to_device`` is the host's time to hand the inputs over (the end of a copy can
     overlap the launch and then counts in ``seconds_compute``, so GB/s derived from it can read
-    high for inputs the driver copies asynchronously); on the CPU path only
-    ``seconds_compute`` is measured."""
+    high for inputs the driver copies asynchronously); a one-array result under 1 MiB is
+    copied back without a wait of its own for the device, so the device's work still running
+    then counts in ``seconds_to_host``; on the CPU path only ``seconds_compute`` is
+    measured."""
 
     function: str
     path: str

@@ -330,6 +330,32 @@ def test_telemetry_records_bytes_and_phases() -> None:
     assert all(seconds > 0 for seconds in phases) and sum(phases) <= call_seconds, phases
 
 
+@veda.gpu(force="gpu")
+def normalised_powers(matrix: np.ndarray, steps: int, whole: bool) -> Any:
+    """Device work that outlasts its launch: ``steps`` normalised products."""
+    for _ in range(steps):
+        matrix = matrix @ matrix
+        matrix = matrix / np.abs(matrix).max()
+    return matrix if whole else matrix.sum()
+
+
+def test_a_small_result_is_copied_back_without_waiting_for_the_device_first() -> None:
+    matrix = np.random.default_rng().random((2000, 2000))
+    normalised_powers(matrix, 2, True)  # warm-up: the clone, cuBLAS
+    phases = {}
+    for whole in (False, True):  # a 0-d result, then 32 MB
+        result = normalised_powers(matrix, 60, whole)
+        assert np.all(np.isfinite(result)) and np.ndim(result) == (2 if whole else 0)
+        record = veda.get_runtime().telemetry.recent()[-1]
+        assert record.path == "gpu", record
+        phases[whole] = (record.seconds_compute, record.seconds_to_host)
+    # A small result's copy waits for the device's work (it counts in seconds_to_host); a
+    # large one is waited for apart, so its copy is timed on its own.
+    small_compute, small_to_host = phases[False]
+    large_compute, large_to_host = phases[True]
+    assert small_to_host > small_compute and large_compute > large_to_host, phases
+
+
 def blend(a, b=None, /, *rest, weight=0.25, scale=None, **named):  # type: ignore[no-untyped-def]
     """Arrays in every kind of parameter: positional-only, *args, keyword-only, **kwargs."""
     total = a * (1 - weight) + (a if b is None else b) * weight

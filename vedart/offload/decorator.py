@@ -445,9 +445,16 @@ class _Offload:
         the launch's (a lane keeps its stream current for both phases)."""
         import cupy
 
-        launch.stream.synchronize()
-        computed = time.perf_counter()
         result, bytes_to_host, write_backs = launch.result, 0, None
+        # A small result is copied back without waiting for the device first: the copy waits
+        # for it anyway, and a wait of its own before it is one more round trip to the device
+        # on every small call. The device's remaining work then counts in seconds_to_host; a
+        # larger result is waited for first, so that its copy is timed apart.
+        copy_waits = self._returns_host and self._signature is None and \
+            type(result) is cupy.ndarray and result.nbytes < WAIT_APART_BYTES
+        if not copy_waits:
+            launch.stream.synchronize()
+        computed = time.perf_counter()
         if self._signature is not None:  # writes=
             write_backs = self._fetch_writes(args, kwargs, launch.device_args,
                                              launch.device_kwargs)
@@ -465,6 +472,8 @@ class _Offload:
                     f"{self.name}: returned device arrays vedart does not convert, handed back "
                     f"as CuPy arrays: {', '.join(unconverted[:5])}; return them in a tuple, "
                     "list, dict, dataclass or SimpleNamespace, or call veda.to_host"))
+        if copy_waits and launch.result.size == 0:  # no copy waited for the device
+            launch.stream.synchronize()
         finished = time.perf_counter()
         if write_backs:
             for original, _, host in write_backs:  # only after everything else succeeded
@@ -484,6 +493,10 @@ class _Offload:
         device_bound = self._signature.bind(*device_args, **device_kwargs).arguments
         return [(host_bound[name], device_bound[name], to_host(device_bound[name]))
                 for name in self.options.writes]
+
+
+# A one-array result below this is copied back without a separate wait for the device (land).
+WAIT_APART_BYTES = 1 << 20
 
 
 @dataclass
