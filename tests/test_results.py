@@ -13,7 +13,7 @@ import pytest
 from fakes import FakeDeviceArray
 
 import vedart as veda
-from vedart.offload.results import RecordingMadeArrays, results_to_host, unconverted_paths
+from vedart.offload.results import made_recording, results_to_host, unconverted_paths
 from vedart.offload.substitute import ModuleMapper, device_clone
 
 IDENTITY = ModuleMapper({"numpy": "numpy"})
@@ -62,8 +62,12 @@ def test_array_makers_inside_the_function_are_recorded() -> None:
                 np.reshape(x.sum(), ()), x.sum(), np.ones(3))
 
     x = rng().random(4)
-    with RecordingMadeArrays() as made:
+    made: list[Any] = []
+    token = made_recording.set(made)
+    try:
         result = device_clone(zero_d, IDENTITY)(x)
+    finally:
+        made_recording.reset(token)
     assert [id(value) for value in made] == [id(value) for value in result[:7]]
     assert [type(value) for value in result] == [type(value) for value in zero_d(x)]
 
@@ -74,6 +78,24 @@ def test_integer_results_carry_numpys_own_scalar_type() -> None:
     host, _ = results_to_host((index, positions), FakeDeviceArray)
     assert type(host[0]) is type(np.arange(4).argmax())
     assert host[1].dtype.char == np.arange(4).dtype.char
+
+
+def test_every_host_copy_is_made_by_the_given_copy_function() -> None:
+    """A GPU call passes its transfer engine's ``to_host``: one array, and each group of
+    overlapping arrays, is one copy through it."""
+    whole, other = device(rng().random(12)), device(rng(2).random(3))
+    copied: list[tuple[int, ...]] = []
+
+    def copy(array: Any) -> np.ndarray:
+        copied.append(array.shape)
+        return array.get()
+
+    alone, _ = results_to_host(whole, FakeDeviceArray, copy=copy)
+    host, moved = results_to_host((whole, whole[2:8:2], other), FakeDeviceArray, copy=copy)
+    assert copied == [(12,), (96,), (3,)]  # the overlapping pair as one span of 96 bytes
+    np.testing.assert_array_equal(alone, whole.get())
+    np.testing.assert_array_equal(host[1], whole.get()[2:8:2])
+    assert moved == whole.nbytes + other.nbytes
 
 
 def test_a_writes_argument_comes_back_as_the_callers_own_array() -> None:

@@ -333,6 +333,9 @@ class AdaptiveModel:
         where = (key, signature, max(nbytes, 1).bit_length() - 1)  # size_bucket(nbytes)
         with self._lock:
             state = self._buckets.get(where) or self._bucket(where)
+            cached = state.choice
+            if cached is not None and cached[2] is None:  # settled, on its own samples
+                return self._revisit_or(cached[0], state, key, signature, nbytes, peek)
             choice, settled = self._bucket_choice(state, key, signature, nbytes)
             if not settled:
                 return choice

@@ -9,13 +9,13 @@ its size. Forcing skips the threshold and memory checks, never the usability che
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from vedart.gpu.context import GPUContext
-from vedart.offload.adaptive import Choice
+from vedart.offload.adaptive import AdaptiveModel
 from vedart.offload.arguments import ArgumentFacts
 from vedart.units import format_bytes
 
@@ -86,13 +86,14 @@ def unsupported_reason(arrays: Sequence[np.ndarray]) -> str | None:
 
 
 def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, headroom: float,
-           device: int | None, forcing: Forcing | None,
-           size_rule: Callable[[], Choice] | None = None) -> Decision:
+           device: int | None, forcing: Forcing | None, model: AdaptiveModel | None = None,
+           key: str = "", peek: bool = False) -> Decision:
     """The decision for one call (see the module docstring for the static rule).
 
-    ``size_rule`` (the adaptive model) replaces "at least the threshold" for calls that reach
-    it: it returns a Choice (its path, reason and timing flags, carried into the Decision), and
-    the memory check, with its NVML query, runs only when it chose the GPU."""
+    ``model`` (the adaptive model, choosing for function ``key``; ``peek``: without counting
+    the call) replaces "at least the threshold" for calls that reach it: its Choice (path,
+    reason and timing flags) is carried into the Decision, and the memory check, with its NVML
+    query, runs only when it chose the GPU."""
     wants_gpu = forcing is not None and forcing.path == "gpu"
     if gpu is None:
         return _cpu("GPU disabled by config", forcing)
@@ -110,30 +111,35 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     if device is None and facts.device_ordinals:
         device = facts.device_ordinals[0]
     needed = headroom * facts.host_bytes
+    choice = None
+    if not wants_gpu:
+        if facts.device_ordinals:
+            return Decision("gpu", f"input already on device {device}", device)
+        if facts.host_bytes < threshold:
+            return _cpu(f"below threshold: {format_bytes(facts.host_bytes)} < "
+                        f"{format_bytes(threshold)}", forcing)
+        if model is not None:
+            choice = model.choose(key, facts.signature, facts.host_bytes, peek=peek)
+            if choice.path == "cpu":
+                return Decision("cpu", choice.reason, model="adaptive", timed=choice.timed,
+                                exploring=choice.exploring)
+    if device is None and len(ordinals) > 1:
+        chosen, free = _most_free(gpu, ordinals, needed)
+    else:  # one device to read, without a call to _most_free: every GPU call comes here
+        chosen = ordinals[0] if device is None else device
+        free = gpu.free_memory(chosen, needed)
     if wants_gpu:
         assert forcing is not None
-        chosen, free = _most_free(gpu, (device,) if device is not None else ordinals, needed)
         return Decision("gpu", f"forced by {forcing.source}", chosen, free_bytes=free)
-    if facts.device_ordinals:
-        return Decision("gpu", f"input already on device {device}", device)
-    if facts.host_bytes < threshold:
-        return _cpu(f"below threshold: {format_bytes(facts.host_bytes)} < "
-                    f"{format_bytes(threshold)}", forcing)
-    model = "static" if size_rule is None else "adaptive"
-    choice = None if size_rule is None else size_rule()
-    if choice is not None and choice.path == "cpu":
-        return Decision("cpu", choice.reason, model=model, timed=choice.timed,
-                        exploring=choice.exploring)
-    chosen, free = _most_free(gpu, (device,) if device is not None else ordinals, needed)
     if free < needed:
         return _cpu(f"device {chosen} has {format_bytes(free)} free, needs "
                     f"{format_bytes(needed)} ({headroom:.1f}x inputs)", forcing)
     if choice is not None:
-        return Decision("gpu", choice.reason, chosen, model=model, free_bytes=free,
+        return Decision("gpu", choice.reason, chosen, model="adaptive", free_bytes=free,
                         timed=choice.timed, exploring=choice.exploring)
     reason = (f"{format_bytes(facts.host_bytes)} >= threshold {format_bytes(threshold)}; "
               f"device {chosen} has {format_bytes(free)} free")
-    return Decision("gpu", reason, chosen, model=model, free_bytes=free)
+    return Decision("gpu", reason, chosen, free_bytes=free)
 
 
 def _cpu(reason: str, forcing: Forcing | None) -> Decision:
@@ -146,8 +152,6 @@ def _cpu(reason: str, forcing: Forcing | None) -> Decision:
 def _most_free(gpu: GPUContext, ordinals: Sequence[int], needed: float) -> tuple[int, int]:
     """The device among ``ordinals`` with the most free memory, and that free byte count,
     for a call that needs ``needed`` bytes (see ``GPUContext.free_memory``)."""
-    if len(ordinals) == 1:
-        return ordinals[0], gpu.free_memory(ordinals[0], needed)
     free_by_device = [(gpu.free_memory(ordinal, needed), ordinal) for ordinal in ordinals]
     free, ordinal = max(free_by_device, key=lambda pair: (pair[0], -pair[1]))
     return ordinal, free

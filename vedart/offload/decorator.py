@@ -66,7 +66,7 @@ from vedart.offload.failures import (
 from vedart.offload.force import check_path, forced_path, preferred_device
 from vedart.offload.results import (
     HOST_LEAVES,
-    RecordingMadeArrays,
+    made_recording,
     results_to_host,
     unconverted_paths,
 )
@@ -310,7 +310,10 @@ class _Offload:
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Decide one call the fast path did not settle, and run it."""
-        return PlannedCall(self, self.current_plan(), args, kwargs).run()
+        plan = self.plan  # current_plan(), inline: every GPU call comes here
+        if plan.runtime is not lifecycle.current:
+            plan = self.refresh()
+        return PlannedCall(self, plan, args, kwargs).run()
 
     def forcing(self) -> Forcing | None:
         in_context = forced_path.get()
@@ -332,9 +335,7 @@ class _Offload:
             headroom=runtime.config.memory_headroom,
             device=self.options.device if self.options.device is not None or facts.device_ordinals
             else preferred_device.get(),
-            forcing=forcing,
-            size_rule=None if model is None else functools.partial(
-                model.choose, self.key, facts.signature, facts.host_bytes, peek=peek))
+            forcing=forcing, model=model, key=self.key, peek=peek)
         if decision.path == "gpu" and forcing is None and self.gpu_failures:
             failure = self.gpu_failures.get(facts.signature)
             if failure is not None:  # the model still learns the CPU time of what it chose
@@ -415,11 +416,13 @@ class _Offload:
             with cupy.cuda.Device(device):
                 return self.launch(device, args, kwargs, uploads)
         stream = cupy.cuda.get_current_stream()
+        engine = current_engine()
         started = time.perf_counter()
-        with RecordingMadeArrays() as made_arrays:  # 0-d arguments stay 0-d arrays
+        made_arrays: list[Any] = []  # 0-d arguments stay 0-d arrays
+        token = made_recording.set(made_arrays)
+        try:
             device_args, device_kwargs = args, kwargs
             if uploads:
-                engine = current_engine()
                 upload_one = upload if engine is None else engine.upload
 
                 def upload_noted(value: Staged | np.ndarray) -> Any:
@@ -434,8 +437,10 @@ class _Offload:
                                                CONTAINER_DEPTH + 1)
             moved_in = time.perf_counter()
             result = device_function(*device_args, **device_kwargs)
-        return _Launch(device, stream, device_args, device_kwargs, result, started, moved_in,
-                       made_arrays)
+        finally:
+            made_recording.reset(token)
+        return _Launch(device, stream, engine, device_args, device_kwargs, result, started,
+                       moved_in, made_arrays)
 
     def land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
@@ -463,7 +468,8 @@ class _Offload:
             result, result_bytes = results_to_host(
                 result, cupy.ndarray, made_arrays=launch.made_arrays,
                 writes={id(device): (device, original) for original, device, _ in write_backs}
-                if write_backs else None)
+                if write_backs else None,
+                copy=to_host if launch.engine is None else launch.engine.to_host)
             bytes_to_host += result_bytes
             unconverted = [] if isinstance(result, HOST_LEAVES) else \
                 unconverted_paths(result, cupy.ndarray)
@@ -506,6 +512,7 @@ class _Launch:
 
     device: int
     stream: Any
+    engine: TransferEngine | None  # the runtime's, which copies the results back
     device_args: tuple[Any, ...]
     device_kwargs: dict[str, Any]
     result: Any

@@ -10,7 +10,7 @@
   0-d argument, an array made by one of the NumPy functions in ``ARRAY_MAKERS``
   (``np.array(2.0)``, ``np.zeros(())``, ``np.where(c, a, b)``), and the result of one in
   ``ARRAY_KEEPERS`` (``np.reshape(m, ())``) given an array (not a 0-d array NumPy would have
-  had as a scalar), recorded while the function ran (:class:`RecordingMadeArrays`).
+  had as a scalar), recorded while the function ran (:data:`made_recording`).
 - Integer results carry NumPy's own type for their dtype (``numpy.int64``; CuPy's
   ``argmax`` gives ``numpy.longlong`` dtypes).
 - Tuples, lists, dicts, namedtuples, dataclass objects and SimpleNamespaces are rebuilt around
@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -48,29 +48,16 @@ _UNCONVERTED_VISITS = 10_000
 # is one of them).
 HOST_LEAVES = (np.ndarray, np.generic, int, float, complex, str, bytes, type(None))
 
-_made_arrays: ContextVar[list[Any] | None] = ContextVar("vedart_made_arrays", default=None)
-
-
-class RecordingMadeArrays:
-    """While active (on this thread or task), :func:`note_made_array` keeps the 0-d arrays it
-    sees in the list ``with RecordingMadeArrays()`` gives: the 0-d results that stay arrays on
-    the host. (A class: every GPU call enters one, and a generator-based context manager costs
-    more.)"""
-
-    __slots__ = ("_token",)
-
-    def __enter__(self) -> list[Any]:
-        made: list[Any] = []
-        self._token = _made_arrays.set(made)
-        return made
-
-    def __exit__(self, *exc_info: object) -> None:
-        _made_arrays.reset(self._token)
+# While set to a list (on this thread or task), :func:`note_made_array` keeps there the 0-d
+# arrays it sees: the 0-d results that stay arrays on the host. A GPU call sets it around the
+# device function (``token = made_recording.set([])``, then ``made_recording.reset(token)``): a
+# context manager would add two Python calls to every GPU call.
+made_recording: ContextVar[list[Any] | None] = ContextVar("vedart_made_arrays", default=None)
 
 
 def note_made_array(value: Any) -> Any:
     """``value``, kept as a made array when it is 0-d and a recording is active."""
-    made = _made_arrays.get()
+    made = made_recording.get()
     if made is not None and getattr(value, "ndim", None) == 0:
         made.append(value)
     return value
@@ -81,7 +68,7 @@ def is_array_to_numpy(value: Any) -> bool:
     0-d array that is not a made array (while a recording is active), or a NumPy scalar."""
     if getattr(value, "ndim", None) != 0:
         return True
-    made = _made_arrays.get()
+    made = made_recording.get()
     return made is not None and any(value is array for array in made)
 
 
@@ -117,9 +104,11 @@ def _view(array: Any, host_buffer: np.ndarray, offset: int) -> np.ndarray:
                       offset=offset, strides=array.strides)
 
 
-def _copy_to_host(array: Any) -> np.ndarray:
-    host = transfer.to_host(array)
-    canonical = _numpys_dtype(host.dtype)
+def _copy_to_host(array: Any, copy: Callable[[Any], np.ndarray]) -> np.ndarray:
+    host = copy(array)
+    canonical = _CANONICAL.get(host.dtype)  # found inline: every GPU call's result comes here
+    if canonical is None:
+        canonical = _numpys_dtype(host.dtype)
     return host if canonical is host.dtype else host.view(canonical)
 
 
@@ -131,7 +120,8 @@ def _as_bytes(host: np.ndarray) -> np.ndarray | None:
 
 
 def _hosts(arrays: Sequence[Any], device_type: type,
-           writes: Mapping[int, tuple[Any, np.ndarray]]) -> tuple[dict[int, np.ndarray], int]:
+           writes: Mapping[int, tuple[Any, np.ndarray]], copy: Callable[[Any], np.ndarray]
+           ) -> tuple[dict[int, np.ndarray], int]:
     """Host arrays for the distinct device ``arrays`` (by id), and the bytes moved."""
     hosts: dict[int, np.ndarray] = {}
     anchors = []  # writes= arguments whose host and device bytes are laid out alike
@@ -155,7 +145,7 @@ def _hosts(arrays: Sequence[Any], device_type: type,
             else:
                 pending.append(((low, high), array))
         else:
-            hosts[id(array)] = _copy_to_host(array)
+            hosts[id(array)] = _copy_to_host(array, copy)
     moved = 0
     pending.sort(key=lambda item: item[0][0])
     index = 0
@@ -168,12 +158,12 @@ def _hosts(arrays: Sequence[Any], device_type: type,
             group.append(pending[index][1])
             index += 1
         if len(group) == 1:
-            hosts[id(first)] = _copy_to_host(first)
+            hosts[id(first)] = _copy_to_host(first, copy)
             moved += first.nbytes
             continue
         span = device_type((high - low,), dtype=np.uint8,
                            memptr=first.data + (low - int(first.data.ptr)))
-        host_bytes = transfer.to_host(span)
+        host_bytes = copy(span)
         moved += high - low
         for array in group:
             hosts[id(array)] = _view(array, host_bytes, int(array.data.ptr) - low)
@@ -181,25 +171,26 @@ def _hosts(arrays: Sequence[Any], device_type: type,
 
 
 def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any] = (),
-                    writes: Mapping[int, tuple[Any, np.ndarray]] | None = None
-                    ) -> tuple[Any, int]:
+                    writes: Mapping[int, tuple[Any, np.ndarray]] | None = None,
+                    copy: Callable[[Any], np.ndarray] = transfer.to_host) -> tuple[Any, int]:
     """``value`` with every ``device_type`` array converted as the module docstring says, and
     the bytes moved. ``made_arrays``: 0-d device arrays that stay arrays; ``writes``: the
     ``writes=`` arguments, ``id(device array) -> (device array, caller's array)``, whose data
-    the caller's arrays receive after this (views of them are made now, filled then)."""
+    the caller's arrays receive after this (views of them are made now, filled then);
+    ``copy``: makes the host copy of one device array (a transfer engine's ``to_host``)."""
     writes = writes or {}
     if type(value) is device_type and id(value) not in writes:  # the common case, one array
-        host = _copy_to_host(value)
-        made = host.ndim == 0 and bool(made_arrays) and any(value is array
+        host = _copy_to_host(value, copy)
+        kept = host.ndim == 0 and bool(made_arrays) and any(value is array
                                                              for array in made_arrays)
-        return (host[()] if host.ndim == 0 and not made else host), value.nbytes
+        return (host[()] if host.ndim == 0 and not kept else host), value.nbytes
     found: dict[int, Any] = {}
     map_arrays(value, device_type, lambda array: found.setdefault(id(array), array),
                RESULT_DEPTH, records=True, host_classes=False)
     if not found:  # a walk still gives objects of device classes their host class back
         return map_arrays(value, device_type, lambda array: array, RESULT_DEPTH,
                           records=True), 0
-    hosts, moved = _hosts(list(found.values()), device_type, writes)
+    hosts, moved = _hosts(list(found.values()), device_type, writes, copy)
     kept = {id(array) for array in made_arrays} | writes.keys()
 
     def convert(array: Any) -> Any:
