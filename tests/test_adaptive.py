@@ -470,3 +470,19 @@ def test_settled_cpu_sizes_take_the_fast_path_with_an_adaptive_reason(tmp_path: 
     assert len(runtime.telemetry.recent()) == recorded  # fast path: no slow-path record
     path, reason = stats.last_decision()  # type: ignore[misc]
     assert path == "cpu" and reason.startswith("adaptive: cpu learned faster below: 800.0 KB <")
+
+
+def test_a_path_only_predicted_much_slower_is_first_rechecked_within_the_budget() -> None:
+    # monte_carlo_pi's pattern: a new size settles on the GPU against a CPU time predicted from
+    # the other sizes, so the bucket has no CPU sample; running the CPU after REVISIT_FIRST
+    # calls would cost far more than those calls saved.
+    model = AdaptiveModel()
+    cpu_s_per_mb, gpu_s = 10e-3, lambda nbytes: 2e-4 + nbytes / MB * 1e-4
+    for nbytes in (1 * MB, 4 * MB, 16 * MB):
+        feed(model, nbytes, {"cpu": nbytes / MB * cpu_s_per_mb, "gpu": gpu_s(nbytes)}, 8)
+    chosen = feed(model, 64 * MB, {"cpu": 64 * cpu_s_per_mb, "gpu": gpu_s(64 * MB)}, 3000)
+    assert not model._samples("f", SIG, size_bucket(64 * MB))["cpu"][:-1]  # none until then
+    first_cpu = chosen.index("cpu")
+    budgeted = RECHECK_CALLS * (64 * cpu_s_per_mb / gpu_s(64 * MB) - 1) / EXPLORE_BUDGET
+    assert budgeted <= first_cpu <= budgeted + 2 * EXPLORE_TRIES + 2 * RECHECK_CALLS
+    assert chosen[first_cpu:first_cpu + RECHECK_CALLS] == ["cpu"] * RECHECK_CALLS

@@ -25,7 +25,9 @@ model keeps the latest end-to-end times of each path and:
    path (``RECHECK_CALLS`` calls, then as many timed calls of the chosen path) after
    ``REVISIT_FIRST`` calls, then twice as many each time (up to ``REVISIT_MAX``), and never
    sooner than keeps the re-check within ``EXPLORE_BUDGET`` of the calls between (at least
-   ``SLOW_REVISIT_MIN`` for a path ``SLOW_RATIO`` times slower). A re-check that finds the
+   ``SLOW_REVISIT_MIN`` for a path ``SLOW_RATIO`` times slower; a path the bucket has no
+   samples of counts at the time the fits over the function's other sizes predict).
+   A re-check that finds the
    other path faster is followed by another after ``REVISIT_FIRST`` calls;
 4. generalises: a bucket with no samples for a path is predicted by a per-path fit
    ``time = a + b * size`` over the function's other buckets of the signature (size: bytes
@@ -204,7 +206,10 @@ class _Bucket:
     cached (Choice, settled, the fits it read, if any: it holds while they are the current ones);
     ``typicals``, each path's typical seconds since its samples last changed; ``revisit``, the
     re-check schedule of a settled bucket; ``last_path``, the path of the latest observed call;
-    ``from_profile``, whether its samples all came from the profile file.
+    ``from_profile``, whether its samples all came from the profile file; ``predicted``, the
+    times the latest settled choice saw: measured in the bucket, or predicted by the fits over
+    the function's other sizes where it has no samples (not a calibration's guess, which can be
+    several times off: an 80 MB sum's CPU time, 16.8 ms predicted against 2.9 ms).
     One lookup finds it all (H100, 2026-11-23, a 256 KB FFT settled on the GPU, timed inside
     the bench's interleaving: ``observe`` took 20-21 us with these in five dictionaries and
     three sorts, 15-17 us with one lookup and one sort)."""
@@ -215,6 +220,14 @@ class _Bucket:
     revisit: _Revisit | None = None
     last_path: str | None = None
     from_profile: bool = False
+    predicted: dict[str, float] = field(default_factory=dict)
+
+    def expected(self, path: str) -> float:
+        """``path``'s typical seconds, or, without samples, the time the fits over the
+        function's other sizes predicted for it at the latest settled choice (inf when none
+        did)."""
+        seconds = self.typical(path)
+        return self.predicted.get(path, seconds) if seconds == math.inf else seconds
 
     def typical(self, path: str) -> float:
         """:func:`typical` seconds of ``path`` (inf without samples)."""
@@ -351,10 +364,12 @@ class AdaptiveModel:
                                    self._fit_cache.get((key, family(signature))) is cached[2]):
             return cached[0], cached[1]
         fits = self._fits_if_needed(key, signature, state.samples)
-        path, reason, settled = self._choose(state, fits, signature, nbytes, self._ledger(key))
+        path, reason, settled, predicted = self._choose(state, fits, signature, nbytes,
+                                                        self._ledger(key))
         choice = Choice(path, reason, not settled, not settled)
         if settled:  # an exploring choice reads the ledger, which every call moves
             state.choice = (choice, settled, fits)
+            state.predicted = predicted
         return choice, settled
 
     def _revisit_or(self, choice: Choice, bucket: _Bucket, key: str, signature: str,
@@ -404,7 +419,11 @@ class AdaptiveModel:
     def _interval(calls: int, bucket: _Bucket, chosen: str, other: str) -> int:
         """Calls until the next re-check: ``calls``, or more where that keeps a re-check's
         extra time within ``EXPLORE_BUDGET`` of the chosen path's time over the interval."""
-        chosen_s, other_s = bucket.typical(chosen), bucket.typical(other)
+        # A path with no samples in the bucket counts at its predicted time: a GPU chosen
+        # against a CPU predicted 40x slower from the function's other sizes would otherwise
+        # run the CPU after REVISIT_FIRST calls (monte_carlo_pi(10**6): 2 x 15 ms against
+        # 16 x 0.24 ms, H200, 2026-11-26).
+        chosen_s, other_s = bucket.expected(chosen), bucket.expected(other)
         if not (0 < chosen_s < other_s < math.inf):
             return calls
         ratio = other_s / chosen_s
@@ -446,9 +465,12 @@ class AdaptiveModel:
                        for name, samples in self._data["functions"].get(key, {}).items())
 
     def _choose(self, state: _Bucket, fits: dict[str, Callable[[float], float] | None] | None,
-                signature: str, nbytes: int, ledger: _Ledger) -> tuple[str, str, bool]:
-        """(path, reason, settled: not exploring); ``fits`` may be None only when both paths
-        have samples (it is not read then)."""
+                signature: str, nbytes: int, ledger: _Ledger
+                ) -> tuple[str, str, bool, dict[str, float]]:
+        """(path, reason, settled: not exploring, the time of each path measured in the bucket
+        or predicted by the fits over the function's other sizes; a calibration's guess is
+        left out); ``fits`` may be None only when both paths have samples (it is not read
+        then)."""
         samples = state.samples
         where = describe(signature, nbytes)
         measured = {path: state.typical(path) if samples[path] else None for path in PATHS}
@@ -459,12 +481,14 @@ class AdaptiveModel:
                            else self.calibration.predict(path, nbytes)) for path in PATHS}
         if measured["gpu"] is None:  # no fit can take the GPU below a launch and the upload
             predicted["gpu"] = max(predicted["gpu"], self.calibration.gpu_floor(nbytes))
+        known = {path: seconds for path, seconds in predicted.items()
+                 if measured[path] is not None or fitted[path] is not None}
         if all(measured[path] is None and fitted[path] is None for path in PATHS) \
                 and predicted["cpu"] < FIRST_ON_CPU_S:
             # Nothing known of this function at this size, and bytes alone cannot tell a heavy
             # call from a light one: the first call runs as written, and its time decides
             # what is worth trying (the calibration's guess at it is cheap to be wrong about).
-            return "cpu", f"adaptive: exploring cpu {where} (first call)", False
+            return "cpu", f"adaptive: exploring cpu {where} (first call)", False, known
 
         def clearly_worse(path: str) -> bool:
             other = "gpu" if path == "cpu" else "cpu"
@@ -493,12 +517,12 @@ class AdaptiveModel:
             if len(samples[path]) < EXPLORE_TRIES and not clearly_worse(path) \
                     and affordable(path):
                 return path, (f"adaptive: exploring {path} {where} "
-                              f"({len(samples[path])} of {EXPLORE_TRIES} tries)"), False
+                              f"({len(samples[path])} of {EXPLORE_TRIES} tries)"), False, known
         path = min(PATHS, key=lambda p: predicted[p])
         count = len(samples["cpu"]) + len(samples["gpu"])
         origin = ", from profile" if state.from_profile else ""
         return path, (f"adaptive: gpu {_ms(predicted['gpu'])} vs cpu {_ms(predicted['cpu'])} "
-                      f"{where} ({count} samples{origin})"), True
+                      f"{where} ({count} samples{origin})"), True, known
 
     def observe(self, key: str, signature: str, nbytes: int, path: str, seconds: float) -> None:
         """Record one end-to-end time of ``path`` (not the first after a call on the other
