@@ -26,9 +26,9 @@ model keeps the latest end-to-end times of each path and:
    ``REVISIT_FIRST`` calls, then twice as many each time (up to ``REVISIT_MAX``), and never
    sooner than keeps the re-check within ``EXPLORE_BUDGET`` of the calls between (at least
    ``SLOW_REVISIT_MIN`` for a path ``SLOW_RATIO`` times slower; a path the bucket has no
-   samples of counts at the time the fits over the function's other sizes predict).
-   A re-check that finds the
-   other path faster is followed by another after ``REVISIT_FIRST`` calls;
+   samples of counts at the time the fits over the function's other sizes predict). A
+   re-check that finds the other path faster is followed by another after ``REVISIT_FIRST``
+   calls;
 4. generalises: a bucket with no samples for a path is predicted by a per-path fit
    ``time = a + b * size`` over the function's other buckets of the signature (size: bytes
    times the scalars' magnitudes), never below a GPU launch plus the upload for the GPU, else
