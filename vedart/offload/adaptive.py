@@ -467,10 +467,10 @@ class AdaptiveModel:
     def _choose(self, state: _Bucket, fits: dict[str, Callable[[float], float] | None] | None,
                 signature: str, nbytes: int, ledger: _Ledger
                 ) -> tuple[str, str, bool, dict[str, float]]:
-        """(path, reason, settled: not exploring, the time of each path measured in the bucket
-        or predicted by the fits over the function's other sizes; a calibration's guess is
-        left out); ``fits`` may be None only when both paths have samples (it is not read
-        then)."""
+        """(path, reason, settled: not exploring, and for a settled choice the time of each
+        path measured in the bucket or predicted by the fits over the function's other sizes,
+        a calibration's guess left out: empty while exploring); ``fits`` may be None only when
+        both paths have samples (it is not read then)."""
         samples = state.samples
         where = describe(signature, nbytes)
         measured = {path: state.typical(path) if samples[path] else None for path in PATHS}
@@ -481,14 +481,12 @@ class AdaptiveModel:
                            else self.calibration.predict(path, nbytes)) for path in PATHS}
         if measured["gpu"] is None:  # no fit can take the GPU below a launch and the upload
             predicted["gpu"] = max(predicted["gpu"], self.calibration.gpu_floor(nbytes))
-        known = {path: seconds for path, seconds in predicted.items()
-                 if measured[path] is not None or fitted[path] is not None}
         if all(measured[path] is None and fitted[path] is None for path in PATHS) \
                 and predicted["cpu"] < FIRST_ON_CPU_S:
             # Nothing known of this function at this size, and bytes alone cannot tell a heavy
             # call from a light one: the first call runs as written, and its time decides
             # what is worth trying (the calibration's guess at it is cheap to be wrong about).
-            return "cpu", f"adaptive: exploring cpu {where} (first call)", False, known
+            return "cpu", f"adaptive: exploring cpu {where} (first call)", False, {}
 
         def clearly_worse(path: str) -> bool:
             other = "gpu" if path == "cpu" else "cpu"
@@ -517,10 +515,12 @@ class AdaptiveModel:
             if len(samples[path]) < EXPLORE_TRIES and not clearly_worse(path) \
                     and affordable(path):
                 return path, (f"adaptive: exploring {path} {where} "
-                              f"({len(samples[path])} of {EXPLORE_TRIES} tries)"), False, known
+                              f"({len(samples[path])} of {EXPLORE_TRIES} tries)"), False, {}
         path = min(PATHS, key=lambda p: predicted[p])
         count = len(samples["cpu"]) + len(samples["gpu"])
         origin = ", from profile" if state.from_profile else ""
+        known = {name: seconds for name, seconds in predicted.items()
+                 if measured[name] is not None or fitted[name] is not None}
         return path, (f"adaptive: gpu {_ms(predicted['gpu'])} vs cpu {_ms(predicted['cpu'])} "
                       f"{where} ({count} samples{origin})"), True, known
 
