@@ -76,3 +76,18 @@ def test_gpu_map_on_a_two_worker_local_cuda_cluster_uses_both_gpus() -> None:
     devices = sorted(worker.rsplit("(GPU ", 1)[1][0] for worker, calls in gpu_calls.items()
                      if calls > 0)
     assert devices == ["0", "1"], rows
+
+
+def test_the_bench_records_the_gpu_calls_of_both_workers_of_a_two_gpu_cluster() -> None:
+    from vedart.bench import dask as bench
+
+    runtime = veda.init(veda.Config.builder().build())
+    if runtime.gpu is None or len(runtime.gpu.devices) < 2:
+        pytest.skip("needs 2 GPUs")
+    # One round of each ends on the thread scheduler's runtime, which has no workers.
+    row = bench._gpu_map(repeats=1, matrices=64, devices=[0, 1], cost_model="static")
+    assert row["gpus"] == 2 and row["threads_s"] > 0 and row["dask_s"] > 0, row
+    calls = row["worker_gpu_calls"]
+    assert sum(calls.values()) == 64, calls
+    assert sorted(worker.rsplit("(GPU ", 1)[1][0] for worker, count in calls.items()
+                  if count > 0) == ["0", "1"], calls
