@@ -330,7 +330,6 @@ def test_telemetry_records_bytes_and_phases() -> None:
     assert all(seconds > 0 for seconds in phases) and sum(phases) <= call_seconds, phases
 
 
-@veda.gpu(force="gpu")
 def normalised_powers(matrix: np.ndarray, steps: int, whole: bool) -> Any:
     """Device work that outlasts its launch: ``steps`` normalised products."""
     for _ in range(steps):
@@ -339,12 +338,17 @@ def normalised_powers(matrix: np.ndarray, steps: int, whole: bool) -> Any:
     return matrix if whole else matrix.sum()
 
 
-def test_a_small_result_is_copied_back_without_waiting_for_the_device_first() -> None:
+@pytest.mark.parametrize("device", [0, 1])
+def test_a_small_result_is_copied_back_without_waiting_for_the_device_first(device: int) -> None:
+    """On device 1 too, whichever device is current when the call lands (device 0 here)."""
+    if device >= len(veda.get_runtime().gpu.devices):  # type: ignore[union-attr]
+        pytest.skip("needs 2 GPUs")
+    powers = veda.gpu(force="gpu", device=device)(normalised_powers)
     matrix = np.random.default_rng().random((2000, 2000))
-    normalised_powers(matrix, 2, True)  # warm-up: the clone, cuBLAS
+    powers(matrix, 2, True)  # warm-up: the clone, cuBLAS
     phases = {}
     for whole in (False, True):  # a 0-d result, then 32 MB
-        result = normalised_powers(matrix, 60, whole)
+        result = powers(matrix, 60, whole)
         assert np.all(np.isfinite(result)) and np.ndim(result) == (2 if whole else 0)
         record = veda.get_runtime().telemetry.recent()[-1]
         assert record.path == "gpu", record

@@ -458,7 +458,7 @@ class _Offload:
         copy_waits = self._returns_host and self._signature is None and \
             type(result) is cupy.ndarray and result.nbytes < WAIT_APART_BYTES
         if not copy_waits:
-            launch.stream.synchronize()
+            _wait_for(launch)
         computed = time.perf_counter()
         if self._signature is not None:  # writes=
             write_backs = self._fetch_writes(args, kwargs, launch.device_args,
@@ -479,7 +479,7 @@ class _Offload:
                     f"as CuPy arrays: {', '.join(unconverted[:5])}; return them in a tuple, "
                     "list, dict, dataclass or SimpleNamespace, or call veda.to_host"))
         if copy_waits and launch.result.size == 0:  # no copy waited for the device
-            launch.stream.synchronize()
+            _wait_for(launch)
         finished = time.perf_counter()
         if write_backs:
             for original, _, host in write_backs:  # only after everything else succeeded
@@ -503,6 +503,20 @@ class _Offload:
 
 # A one-array result below this is copied back without a separate wait for the device (land).
 WAIT_APART_BYTES = 1 << 20
+
+
+def _wait_for(launch: _Launch) -> None:
+    """Wait until the device has done ``launch``'s work. A direct call's launch made its device
+    current only while it ran, and CuPy's null stream stands for the current device's: waiting
+    on it from another device's context returned before the work was done (two H200,
+    2026-11-26), and the copy back then held the compute time."""
+    import cupy
+
+    if cupy.cuda.runtime.getDevice() == launch.device:
+        launch.stream.synchronize()
+    else:
+        with cupy.cuda.Device(launch.device):
+            launch.stream.synchronize()
 
 
 @dataclass
