@@ -277,9 +277,12 @@ def inverse(m: np.ndarray) -> Any:
     return np.linalg.inv(m)
 
 
-def test_cupy_linalg_runs_raising_what_cusolver_reports(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NumPy raises LinAlgError for a singular matrix; CuPy only when told to. Functions that
-    read no cuSOLVER status run without CuPy's error state (it costs some 8 us a call)."""
+@pytest.fixture
+def linalg_modes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """CuPy's ``inv``, ``solve``, ``norm`` and ``det`` replaced by functions that record
+    (name, CuPy's linalg error mode) and return their first argument, as CuPy's ignoring mode
+    would; a singular matrix (all zeros) gives infinities, or raises in CuPy's raising mode.
+    ``cupy.isfinite`` is NumPy's, so that the host arrays stand in for device ones."""
     cupy = pytest.importorskip("cupy")
     import cupyx
 
@@ -287,15 +290,31 @@ def test_cupy_linalg_runs_raising_what_cusolver_reports(monkeypatch: pytest.Monk
 
     def recording(name: str) -> Any:
         def function(m: Any, *args: Any, **kwargs: Any) -> Any:
-            modes.append((name, cupyx._ufunc_config.get_config_linalg()))
+            mode = cupyx._ufunc_config.get_config_linalg()
+            modes.append((name, mode))
+            if m.ndim >= 2 and not m.any():
+                if mode == "raise":
+                    raise np.linalg.LinAlgError(f"{name}: singular")
+                return np.full(m.shape, np.inf)
             return m
         return function
 
-    for name in ("inv", "norm", "det"):
+    for name in ("inv", "solve", "norm", "det"):
         monkeypatch.setattr(cupy.linalg, name, recording(name))
+    monkeypatch.setattr(cupy, "isfinite", np.isfinite)
+    return modes
 
-    def linear_algebra(m: np.ndarray) -> Any:
+
+def test_cupy_linalg_runs_raising_what_cusolver_reports(
+        linalg_modes: list[tuple[str, str]]) -> None:
+    """NumPy raises LinAlgError for a singular matrix; CuPy only when told to. Functions that
+    read no cuSOLVER status run without CuPy's error state (it costs some 8 us a call), and so
+    do ``inv`` and ``solve`` of one matrix, whose result shows a singular one."""
+    import cupyx
+
+    def linear_algebra(m: np.ndarray, stacked: np.ndarray) -> Any:
         np.linalg.inv(m)
+        np.linalg.inv(stacked)
         np.linalg.norm(m)
         np.linalg.norm(m, axis=0)
         np.linalg.norm(m, "fro")
@@ -303,10 +322,27 @@ def test_cupy_linalg_runs_raising_what_cusolver_reports(monkeypatch: pytest.Monk
         np.linalg.norm(m, ord="nuc")
         return np.linalg.det(m)
 
-    device_clone(linear_algebra, ModuleMapper({"numpy": "cupy"}))(np.eye(2))
-    assert modes == [("inv", "raise"), ("norm", "ignore"), ("norm", "ignore"),
-                     ("norm", "ignore"), ("norm", "raise"), ("norm", "raise"), ("det", "ignore")]
+    device_clone(linear_algebra, ModuleMapper({"numpy": "cupy"}))(np.eye(2), np.ones((2, 2, 2)))
+    assert linalg_modes == [("inv", "ignore"), ("inv", "raise"), ("norm", "ignore"),
+                            ("norm", "ignore"), ("norm", "ignore"), ("norm", "raise"),
+                            ("norm", "raise"), ("det", "ignore")]
     assert cupyx._ufunc_config.get_config_linalg() == "ignore"  # only inside the call
+
+
+@pytest.mark.parametrize("name", ["inv", "solve"])
+def test_a_singular_matrix_to_inv_or_solve_is_found_by_its_result_and_raises(
+        linalg_modes: list[tuple[str, str]], name: str) -> None:
+    """A result that is not all finite is computed again with CuPy's checks, which raise for
+    a singular matrix (and return the result otherwise)."""
+    def solving(m: np.ndarray) -> Any:
+        return getattr(np.linalg, name)(m) if name == "inv" else np.linalg.solve(m, m[0])
+
+    clone = device_clone(solving, ModuleMapper({"numpy": "cupy"}))
+    with pytest.raises(np.linalg.LinAlgError, match="singular"):
+        clone(np.zeros((3, 3)))
+    assert linalg_modes == [(name, "ignore"), (name, "raise")]
+    np.testing.assert_array_equal(clone(np.eye(3)), np.eye(3))
+    assert linalg_modes[2:] == [(name, "ignore")]
 
 
 def test_an_empty_input_of_a_rejected_dtype_raises_what_numpy_raises_for_its_size() -> None:

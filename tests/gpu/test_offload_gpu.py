@@ -187,6 +187,38 @@ def test_linalg_results_have_numpys_named_tuple_types_on_the_gpu() -> None:
     assert gpu_slogdet.sign == cpu_slogdet.sign
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex128])
+def test_solve_and_inv_equal_numpys_and_a_singular_matrix_raises_linalg_error(
+        dtype: type) -> None:
+    """``solve`` and ``inv`` of one matrix run without CuPy's status checks and are checked
+    through their result: a singular matrix still raises on the GPU, and NumPy's own error
+    reaches a caller on the default fallback."""
+    @veda.gpu(force="gpu", fallback="raise")
+    def solved(a: np.ndarray, b: np.ndarray) -> Any:
+        return np.linalg.solve(a, b), np.linalg.solve(a, b[:, 0]), np.linalg.inv(a)
+
+    @veda.gpu(force="gpu", fallback="raise")
+    def inverse(a: np.ndarray) -> Any:
+        return np.linalg.inv(a)
+
+    rng = np.random.default_rng(23)
+    a = (rng.random((40, 40)) + 1j * rng.random((40, 40)) if dtype is np.complex128
+         else rng.random((40, 40))) + 40 * np.eye(40)
+    a, b = a.astype(dtype), rng.random((40, 3)).astype(dtype)
+    got, expected = solved(a, b), solved.__wrapped__(a, b)
+    assert last(solved)[0] == "gpu"
+    for gpu_value, cpu_value in zip(got, expected):
+        assert_same(gpu_value, cpu_value, rtol=1e-4 if dtype is np.float32 else 1e-10)
+    singular = a.copy()
+    singular[:, 7] = 0  # LU meets an exact zero pivot in column 7
+    for function, arguments in ((solved, (singular, b)), (inverse, (singular,))):
+        with pytest.raises(veda.OffloadError, match="LinAlgError") as raised:  # on the GPU
+            function(*arguments)
+        assert isinstance(raised.value.__cause__, np.linalg.LinAlgError)
+        with pytest.raises(np.linalg.LinAlgError, match="Singular matrix"):
+            veda.gpu(force="gpu")(function.__wrapped__)(*arguments)
+
+
 def test_out_of_memory_falls_back_to_cpu_and_raise_mode_raises() -> None:
     device_bytes = veda.get_runtime().gpu.devices[0].total_memory  # type: ignore[union-attr]
     scratch_bytes = int(device_bytes * 1.1)  # more than the GPU has; lazy (virtual) on the host
