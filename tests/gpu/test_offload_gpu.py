@@ -190,8 +190,9 @@ def test_linalg_results_have_numpys_named_tuple_types_on_the_gpu() -> None:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex128])
 def test_solve_and_inv_equal_numpys_and_a_singular_matrix_raises_linalg_error(
         dtype: type) -> None:
-    """``solve`` and ``inv`` of one matrix run without CuPy's status checks and are checked
-    through their result: a singular matrix still raises on the GPU, and NumPy's own error
+    """``inv`` of one matrix runs without CuPy's status checks and is checked through its
+    result, ``solve`` with them: a singular matrix raises on the GPU, also where the system
+    has solutions (every division by the zero pivot one of a zero), and NumPy's own error
     reaches a caller on the default fallback."""
     @veda.gpu(force="gpu", fallback="raise")
     def solved(a: np.ndarray, b: np.ndarray) -> Any:
@@ -211,7 +212,9 @@ def test_solve_and_inv_equal_numpys_and_a_singular_matrix_raises_linalg_error(
         assert_same(gpu_value, cpu_value, rtol=1e-4 if dtype is np.float32 else 1e-10)
     singular = a.copy()
     singular[:, 7] = 0  # LU meets an exact zero pivot in column 7
-    for function, arguments in ((solved, (singular, b)), (inverse, (singular,))):
+    consistent = np.ones((2, 2), dtype)  # b in its range: x = (1, 0) would do, NumPy raises
+    for function, arguments in ((solved, (singular, b)), (inverse, (singular,)),
+                                (solved, (consistent, np.ones((2, 3), dtype)))):
         with pytest.raises(veda.OffloadError, match="LinAlgError") as raised:  # on the GPU
             function(*arguments)
         assert isinstance(raised.value.__cause__, np.linalg.LinAlgError)

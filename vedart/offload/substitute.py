@@ -324,14 +324,16 @@ def _on_host(value: Any) -> Any:
 _STATUS_FREE_LINALG = frozenset({"cross", "det", "matmul", "matrix_transpose", "slogdet"})
 
 
-# cupy.linalg functions that, for one matrix, factor it (LU) and then divide by the factor's
-# diagonal: where cuSOLVER would report a singular matrix (a zero on that diagonal) the result
-# holds an infinity or a NaN. They run unchecked, and only a result that is not all finite is
-# computed again with CuPy's checks: one wait for the device where the checks make two, each
-# after two kernels of its own. A weighted least squares fit with one 33x33 solve (``bench
-# helpers``, forced) went from 1.34-1.40x the time of the same code ported to CuPy by hand,
-# unchecked, to 1.14-1.17x (two H200, 2026-11-26, old and new code alternated).
-_CHECKED_BY_RESULT = frozenset({"solve", "inv"})
+# cupy.linalg functions checked through their result, for one matrix. ``inv`` of a singular
+# matrix solves A X = I, which has no solution: the LU factor has a zero on its diagonal and
+# some column's back-substitution divides a nonzero value by it, leaving an infinity in the
+# result whatever the triangular solve does with a zero divided by zero. So ``inv`` runs
+# unchecked, and only a result that is not all finite is computed again with CuPy's checks:
+# one wait for the device where the checks make two, each after two kernels of its own.
+# ``solve`` is not: for a singular system that has solutions (b in the range of A) every
+# division by the zero may be of a zero, which a triangular solve can skip, as reference BLAS
+# does, leaving a finite answer where NumPy raises.
+_CHECKED_BY_RESULT = frozenset({"inv"})
 
 
 def _raising_linalg_errors(device_function: Any, name: str) -> Any:
@@ -339,8 +341,8 @@ def _raising_linalg_errors(device_function: Any, name: str) -> Any:
     and cuBLAS report (a singular matrix to ``inv`` or ``solve``, a matrix ``cholesky`` cannot
     factor, an SVD that does not converge), as NumPy raises ``LinAlgError``; by default CuPy
     returns what the routine left (each check waits for the device). Functions that read no
-    status, and ``norm`` of the default and Frobenius orders, run as they are; ``solve`` and
-    ``inv`` of one matrix are checked through their result (``_CHECKED_BY_RESULT``)."""
+    status, and ``norm`` of the default and Frobenius orders, run as they are; ``inv`` of one
+    matrix is checked through its result (``_CHECKED_BY_RESULT``)."""
     import cupy
     import cupyx
 
@@ -360,6 +362,7 @@ def _raising_linalg_errors(device_function: Any, name: str) -> Any:
             result = device_function(a, *args, **kwargs)
             if cupy.isfinite(result).all():
                 return result
+            del result
             return raising(a, *args, **kwargs)  # singular: CuPy's LinAlgError; else the same
 
         return checked_by_result
