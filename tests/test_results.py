@@ -92,7 +92,9 @@ def test_every_host_copy_is_made_by_the_given_copy_function() -> None:
 
     alone, _ = results_to_host(whole, FakeDeviceArray, copy=copy)
     host, moved = results_to_host((whole, whole[2:8:2], other), FakeDeviceArray, copy=copy)
-    assert copied == [(12,), (96,), (3,)]  # the overlapping pair as one span of 96 bytes
+    # The overlapping pair as one span of 96 bytes; spans go in address order, and where
+    # ``other`` lies against ``whole`` is the allocator's choice.
+    assert copied[0] == (12,) and sorted(copied[1:]) == [(3,), (96,)], copied
     np.testing.assert_array_equal(alone, whole.get())
     np.testing.assert_array_equal(host[1], whole.get()[2:8:2])
     assert moved == whole.nbytes + other.nbytes
