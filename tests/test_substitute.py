@@ -342,6 +342,27 @@ def test_a_singular_matrix_to_inv_is_found_by_its_result_and_raises(
     assert linalg_modes[2:] == [("inv", "ignore")]
 
 
+def solve_or_none(m: np.ndarray) -> Any:
+    try:
+        return np.linalg.solve(m, m[0])
+    except np.linalg.LinAlgError:
+        return None
+
+
+def test_a_function_catches_linalg_error_in_its_clone_as_under_numpy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Classes of cupy.linalg are not wrapped as its functions are: ``except
+    np.linalg.LinAlgError`` catches CuPy's error (it raised TypeError, a class expected)."""
+    cupy = pytest.importorskip("cupy")
+
+    def singular(a: Any, b: Any) -> Any:
+        raise np.linalg.LinAlgError("Error reported by getrf in cuSOLVER. devInfo = [2].")
+
+    monkeypatch.setattr(cupy.linalg, "solve", singular)
+    clone = device_clone(solve_or_none, ModuleMapper({"numpy": "cupy"}))
+    assert clone(np.ones((3, 3))) is None
+
+
 def test_an_empty_input_of_a_rejected_dtype_raises_what_numpy_raises_for_its_size() -> None:
     func = lambda x: np.fft.rfft(x)  # noqa: E731
     empty = np.array([], dtype=np.complex64)

@@ -231,8 +231,9 @@ _HOST_FOR_FLOAT16: dict[str, frozenset[str]] = {"numpy.fft": _FFT_TRANSFORMS}
 def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
                    name: str, device_module: str) -> Any:
     """``device_function`` (the device twin of ``host_module.name``, from ``device_module``),
-    adjusted where CuPy's answer would differ from NumPy's; other attributes pass through."""
-    if not callable(device_function):
+    adjusted where CuPy's answer would differ from NumPy's; other attributes, classes among
+    them (``np.linalg.LinAlgError`` stays an exception a function can catch), pass through."""
+    if not callable(device_function) or isinstance(device_function, type):
         return device_function
     if host_module == "numpy" and name in ARRAY_MAKERS:
         @functools.wraps(device_function)
