@@ -187,39 +187,102 @@ def test_linalg_results_have_numpys_named_tuple_types_on_the_gpu() -> None:
     assert gpu_slogdet.sign == cpu_slogdet.sign
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex128])
-def test_solve_and_inv_equal_numpys_and_a_singular_matrix_raises_linalg_error(
-        dtype: type) -> None:
-    """``inv`` of one matrix runs without CuPy's status checks and is checked through its
-    result, ``solve`` with them: a singular matrix raises on the GPU, also where the system
-    has solutions (every division by the zero pivot one of a zero), and NumPy's own error
-    reaches a caller on the default fallback."""
+def well_conditioned(n: int, dtype: Any, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    a = rng.random((n, n)) + n * np.eye(n)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.random((n, n))
+    return a.astype(dtype)
+
+
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64),
+                                    (np.complex64, np.complex64),
+                                    (np.complex128, np.complex128), (np.float32, np.float64),
+                                    (np.complex64, np.float32), (np.int64, np.float64)])
+def test_solve_and_inv_equal_numpys_in_every_layout(dtypes: tuple[Any, Any]) -> None:
+    """One matrix in C and F order and as a strided view, one and several right-hand sides,
+    mixed dtypes, and an integer matrix (CuPy's own checked functions)."""
     @veda.gpu(force="gpu", fallback="raise")
+    def solved(a: np.ndarray, b: np.ndarray) -> Any:
+        return (np.linalg.solve(a, b), np.linalg.solve(a, b[:, 0]), np.linalg.solve(a.T, b),
+                np.linalg.solve(a[::2, ::2], b[::2, 1]), np.linalg.inv(a), np.linalg.inv(a.T),
+                np.linalg.inv(a[::2, ::2]))
+
+    a = well_conditioned(40, np.float64, 23).round(1) * 10 if dtypes[0] is np.int64 else \
+        well_conditioned(40, dtypes[0], 23)
+    a = a.astype(dtypes[0])
+    b = np.random.default_rng(24).random((40, 3)).astype(dtypes[1])
+    got, expected = solved(a, b), solved.__wrapped__(a, b)
+    assert last(solved)[0] == "gpu"
+    single = np.float32 in dtypes or np.complex64 in dtypes
+    assert_same(got, expected, rtol=1e-4 if single else 1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex128])
+def test_a_singular_matrix_to_solve_or_inv_raises_linalg_error(dtype: type) -> None:
+    """Found when the call lands, then attempted again with CuPy's checks: with
+    ``fallback="raise"`` the GPU's LinAlgError comes as OffloadError (also where the system
+    has solutions: every division by the zero pivot one of a zero), and NumPy's own error
+    reaches a caller on the default fallback; ``idempotent=False`` checks at once."""
     def solved(a: np.ndarray, b: np.ndarray) -> Any:
         return np.linalg.solve(a, b), np.linalg.solve(a, b[:, 0]), np.linalg.inv(a)
 
-    @veda.gpu(force="gpu", fallback="raise")
     def inverse(a: np.ndarray) -> Any:
         return np.linalg.inv(a)
 
-    rng = np.random.default_rng(23)
-    a = (rng.random((40, 40)) + 1j * rng.random((40, 40)) if dtype is np.complex128
-         else rng.random((40, 40))) + 40 * np.eye(40)
-    a, b = a.astype(dtype), rng.random((40, 3)).astype(dtype)
-    got, expected = solved(a, b), solved.__wrapped__(a, b)
-    assert last(solved)[0] == "gpu"
-    for gpu_value, cpu_value in zip(got, expected):
-        assert_same(gpu_value, cpu_value, rtol=1e-4 if dtype is np.float32 else 1e-10)
-    singular = a.copy()
+    b = np.random.default_rng(25).random((40, 3)).astype(dtype)
+    singular = well_conditioned(40, dtype, 26)
     singular[:, 7] = 0  # LU meets an exact zero pivot in column 7
     consistent = np.ones((2, 2), dtype)  # b in its range: x = (1, 0) would do, NumPy raises
     for function, arguments in ((solved, (singular, b)), (inverse, (singular,)),
                                 (solved, (consistent, np.ones((2, 3), dtype)))):
-        with pytest.raises(veda.OffloadError, match="LinAlgError") as raised:  # on the GPU
-            function(*arguments)
-        assert isinstance(raised.value.__cause__, np.linalg.LinAlgError)
+        for once in (True, False):
+            with pytest.raises(veda.OffloadError, match="LinAlgError") as raised:  # on the GPU
+                veda.gpu(force="gpu", fallback="raise", idempotent=not once)(function)(
+                    *arguments)
+            assert isinstance(raised.value.__cause__, np.linalg.LinAlgError)
         with pytest.raises(np.linalg.LinAlgError, match="Singular matrix"):
-            veda.gpu(force="gpu")(function.__wrapped__)(*arguments)
+            veda.gpu(force="gpu")(function)(*arguments)
+
+
+@pytest.mark.parametrize("device", [0, 1])
+def test_a_singular_matrix_caught_by_the_function_is_caught_as_numpy_catches_it(
+        device: int) -> None:
+    """A loop of solves (more than are kept apart) whose function catches LinAlgError for one
+    singular matrix answers as NumPy does, on the GPU, with ``fallback="raise"``."""
+    if device >= len(veda.get_runtime().gpu.devices):  # type: ignore[union-attr]
+        pytest.skip("needs 2 GPUs")
+
+    @veda.gpu(force="gpu", fallback="raise", device=device)
+    def solve_each(a: np.ndarray, b: np.ndarray) -> Any:
+        solutions = []
+        for k in range(40):
+            try:
+                solutions.append(np.linalg.solve(a * (k != 17), b))
+            except np.linalg.LinAlgError:
+                solutions.append(np.full_like(b, np.nan))
+        return np.stack(solutions)
+
+    a, b = well_conditioned(30, np.float64, 27), np.random.default_rng(28).random(30)
+    assert_same(solve_each(a, b), solve_each.__wrapped__(a, b), rtol=1e-10)
+    assert last(solve_each)[0] == "gpu"
+    np.testing.assert_allclose(solve_each(a, 2 * b)[16], 2 * np.linalg.solve(a, b), rtol=1e-10)
+
+
+def test_gpu_map_items_with_a_singular_matrix_answer_as_numpy() -> None:
+    @veda.gpu(force="gpu")
+    def solve_or_nan(a: np.ndarray) -> Any:
+        try:
+            return np.linalg.solve(a, np.ones(len(a)))
+        except np.linalg.LinAlgError:
+            return np.full(len(a), np.nan)
+
+    items = [well_conditioned(64, np.float64, seed) for seed in range(24)]
+    items[5][:, 3] = 0
+    got = veda.par_iter(items).gpu_map(solve_or_nan).collect()
+    for value, item in zip(got, items):
+        assert_same(value, solve_or_nan.__wrapped__(item), rtol=1e-10)
+    assert np.isnan(got[5]).all() and not np.isnan(got[6]).any()
 
 
 def test_out_of_memory_falls_back_to_cpu_and_raise_mode_raises() -> None:

@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy
 
+from vedart.offload import linalg_status
 from vedart.offload.arguments import HOST_CLASS
 from vedart.offload.results import (
     ARRAY_KEEPERS,
@@ -323,18 +324,7 @@ def _on_host(value: Any) -> Any:
 # whose entering and leaving took 24 Python calls and some 8 us, a ninth of a step of power
 # iteration on a 96x96 matrix (``np.linalg.norm`` in the loop, H100, 2026-11-25).
 _STATUS_FREE_LINALG = frozenset({"cross", "det", "matmul", "matrix_transpose", "slogdet"})
-
-
-# cupy.linalg functions checked through their result, for one matrix. ``inv`` of a singular
-# matrix solves A X = I, which has no solution: the LU factor has a zero on its diagonal and
-# some column's back-substitution divides a nonzero value by it, leaving an infinity in the
-# result whatever the triangular solve does with a zero divided by zero. So ``inv`` runs
-# unchecked, and only a result that is not all finite is computed again with CuPy's checks:
-# one wait for the device where the checks make two, each after two kernels of its own.
-# ``solve`` is not: for a singular system that has solutions (b in the range of A) every
-# division by the zero may be of a zero, which a triangular solve can skip, as reference BLAS
-# does, leaving a finite answer where NumPy raises.
-_CHECKED_BY_RESULT = frozenset({"inv"})
+_CHECKED_AT_LANDING = {"solve": linalg_status.solve, "inv": linalg_status.inv}
 
 
 def _raising_linalg_errors(device_function: Any, name: str) -> Any:
@@ -342,9 +332,9 @@ def _raising_linalg_errors(device_function: Any, name: str) -> Any:
     and cuBLAS report (a singular matrix to ``inv`` or ``solve``, a matrix ``cholesky`` cannot
     factor, an SVD that does not converge), as NumPy raises ``LinAlgError``; by default CuPy
     returns what the routine left (each check waits for the device). Functions that read no
-    status, and ``norm`` of the default and Frobenius orders, run as they are; ``inv`` of one
-    matrix is checked through its result (``_CHECKED_BY_RESULT``)."""
-    import cupy
+    status, and ``norm`` of the default and Frobenius orders, run as they are; ``solve`` and
+    ``inv`` of one matrix keep their check for the call's landing where it may run again
+    (:mod:`vedart.offload.linalg_status`)."""
     import cupyx
 
     if name in _STATUS_FREE_LINALG:
@@ -355,18 +345,14 @@ def _raising_linalg_errors(device_function: Any, name: str) -> Any:
         with cupyx.errstate(linalg="raise"):
             return device_function(*args, **kwargs)
 
-    if name in _CHECKED_BY_RESULT:
-        @functools.wraps(device_function)
-        def checked_by_result(a: Any, *args: Any, **kwargs: Any) -> Any:
-            if getattr(a, "ndim", None) != 2:  # a stack of matrices: CuPy's batched routines
-                return raising(a, *args, **kwargs)
-            result = device_function(a, *args, **kwargs)
-            if cupy.isfinite(result).all():
-                return result
-            del result
-            return raising(a, *args, **kwargs)  # singular: CuPy's LinAlgError; else the same
+    if name in _CHECKED_AT_LANDING:
+        checked = _CHECKED_AT_LANDING[name]
 
-        return checked_by_result
+        @functools.wraps(device_function)
+        def checked_at_landing(*args: Any, **kwargs: Any) -> Any:
+            return checked(raising, *args, **kwargs)
+
+        return checked_at_landing
     if name != "norm":
         return raising
 
