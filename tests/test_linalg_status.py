@@ -30,7 +30,6 @@ def factored(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     monkeypatch.setattr(cupy, "eye", lambda n, dtype, order: device(np.eye(n, dtype=dtype)).copy(
         order=order))
     monkeypatch.setattr(cupy, "concatenate", lambda arrays: device(np.concatenate(arrays)))
-    monkeypatch.setattr(cupy, "count_nonzero", lambda x: device(np.array(np.count_nonzero(x))))
     seen: list[tuple[Any, ...]] = []
 
     def solve_in_place(a: Any, b: Any, statuses: list[Any]) -> None:
@@ -147,13 +146,25 @@ def test_a_singular_matrix_is_found_when_the_statuses_are_read(
     assert linalg_status.any_failed(kept, stream=None)
 
 
-def test_statuses_of_a_loop_are_folded_and_keep_a_failure(
+def test_a_loop_of_solves_has_its_statuses_read_every_few_solves(
         factored: list[tuple[Any, ...]], kept: list[Any]) -> None:
-    singular, regular = device(np.ones((2, 2))), device(np.eye(2))
-    linalg_status.inv(raising, singular)
-    for _ in range(3 * linalg_status.FOLD_AT):
+    regular = device(np.eye(2))
+    for _ in range(3 * linalg_status.CHECK_EVERY):
         linalg_status.inv(raising, regular)
-    assert len(kept) < linalg_status.FOLD_AT
+        assert len(kept) < linalg_status.CHECK_EVERY  # read, and dropped
+
+
+def test_a_loop_of_solves_stops_within_a_few_solves_of_a_singular_matrix(
+        factored: list[tuple[Any, ...]], kept: list[Any]) -> None:
+    """A loop whose condition a singular matrix's result never meets still ends: NumPy's
+    LinAlgError, and the failure is kept for the landing."""
+    x, solves = device(np.ones(2)), 0
+    with pytest.raises(np.linalg.LinAlgError, match="Singular matrix"):
+        while not np.abs(x).max() < 1e-6:  # NaN: never
+            x = linalg_status.solve(raising, device(np.ones((2, 2))), x)
+            x[...] = np.nan  # what the singular factorisation leaves
+            solves += 1
+    assert solves == linalg_status.CHECK_EVERY - 1  # the next one raised
     assert linalg_status.any_failed(kept, stream=None)
 
 

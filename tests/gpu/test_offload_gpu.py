@@ -269,6 +269,27 @@ def test_a_singular_matrix_caught_by_the_function_is_caught_as_numpy_catches_it(
     np.testing.assert_allclose(solve_each(a, 2 * b)[16], 2 * np.linalg.solve(a, b), rtol=1e-10)
 
 
+def shrink_until_small(a: np.ndarray, x: np.ndarray) -> Any:
+    """Solves until the answer is small: for ever on a singular matrix's NaN, where NumPy
+    raises at the first solve."""
+    steps = 0
+    while not np.abs(x).max() < 1e-12:
+        x = np.linalg.solve(a, x)
+        steps += 1
+    return x, steps
+
+
+def test_a_loop_of_solves_past_a_singular_matrix_ends_as_under_numpy() -> None:
+    a, x = well_conditioned(20, np.float64, 29), np.random.default_rng(30).random(20)
+    assert_same(veda.gpu(force="gpu")(shrink_until_small)(a, x), shrink_until_small(a, x),
+                rtol=1e-8, atol=1e-300)
+    singular = np.ones((20, 20))
+    with pytest.raises(np.linalg.LinAlgError, match="Singular matrix"):
+        veda.gpu(force="gpu")(shrink_until_small)(singular, x)
+    with pytest.raises(veda.OffloadError, match="LinAlgError"):
+        veda.gpu(force="gpu", fallback="raise")(shrink_until_small)(singular, x)
+
+
 def test_gpu_map_items_with_a_singular_matrix_answer_as_numpy() -> None:
     @veda.gpu(force="gpu")
     def solve_or_nan(a: np.ndarray) -> Any:

@@ -12,7 +12,9 @@ wait for the device it makes anyway (:func:`any_failed`). A nonzero status is ``
 finding a zero pivot, which is how LAPACK reports to NumPy the singular matrix it raises for:
 the attempt's result cannot stand, landing raises :class:`StatusCheckFailed`, and the call is
 attempted again with CuPy's own checks, which raise where NumPy raises (and the call then
-re-runs on the CPU, or raises, as any GPU failure does).
+re-runs on the CPU, or raises, as any GPU failure does). A function that makes many solves
+has its statuses read every :data:`CHECK_EVERY` of them too (:func:`keep`), so that a loop
+does not run on past a singular matrix.
 
 Without a list (a call that must not run twice, the attempt again, a stack of matrices, a
 dtype other than float32, float64, complex64 or complex128, an empty matrix) CuPy's function
@@ -32,9 +34,10 @@ import numpy
 pending_statuses: ContextVar[list[Any] | None] = ContextVar("vedart_pending_statuses",
                                                             default=None)
 
-# Statuses kept per call before they are folded into one (a loop of solves keeps one small
-# device array per solve otherwise).
-FOLD_AT = 32
+# Kept statuses are read, a wait for the device, once this many have been kept: a loop of
+# solves does not run on for long past a singular matrix, as one whose condition is a NaN
+# result's comparison might for ever, where NumPy raises.
+CHECK_EVERY = 16
 
 _ROUTINE_TYPE = {"f": "s", "d": "d", "F": "c", "D": "z"}  # cuSOLVER's prefix per dtype char
 
@@ -91,13 +94,19 @@ def factor_and_solve(a: Any, b: Any, statuses: list[Any]) -> None:
 
 
 def keep(statuses: list[Any], status: Any) -> None:
-    """Append ``status`` (a device array of int32) to ``statuses``, folding them into one count
-    of nonzero statuses when there are :data:`FOLD_AT`; waits for nothing."""
+    """Append ``status`` (a device array of int32) to ``statuses``. Once there are
+    :data:`CHECK_EVERY`, read them on the current stream: all zero, they are dropped; else one
+    array holding the failure stays, and NumPy's ``LinAlgError`` is raised into the function
+    (which may catch it: the attempt is made again when it lands, whatever it does)."""
     statuses.append(status)
-    if len(statuses) >= FOLD_AT:
-        import cupy
-
-        statuses[:] = [cupy.count_nonzero(cupy.concatenate(statuses)).reshape(1)]
+    if len(statuses) < CHECK_EVERY:
+        return
+    together = _together(statuses)
+    if not together.get().any():
+        statuses.clear()
+        return
+    statuses[:] = [together]
+    raise numpy.linalg.LinAlgError("Singular matrix")
 
 
 def solve(raising: Callable[..., Any], a: Any, b: Any) -> Any:
@@ -131,10 +140,14 @@ def inv(raising: Callable[..., Any], a: Any) -> Any:
     return inverse
 
 
+def _together(statuses: list[Any]) -> Any:
+    """``statuses`` in one device array."""
+    import cupy
+
+    return statuses[0] if len(statuses) == 1 else cupy.concatenate(statuses)
+
+
 def any_failed(statuses: list[Any], stream: Any) -> bool:
     """Whether any of ``statuses`` (device arrays, from :func:`factor_and_solve`) is nonzero:
     they are read back on ``stream``, the launch's, which waits for its work."""
-    import cupy
-
-    together = statuses[0] if len(statuses) == 1 else cupy.concatenate(statuses)
-    return bool(together.get(stream=stream).any())
+    return bool(_together(statuses).get(stream=stream).any())
