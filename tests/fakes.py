@@ -90,5 +90,5 @@ class FakeDeviceArray(np.ndarray):
             owner = owner.base
         return FakePointer(owner, self.__array_interface__["data"][0])
 
-    def get(self, stream: Any = None) -> np.ndarray:
+    def get(self) -> np.ndarray:
         return np.array(self.view(np.ndarray), copy=True, order="K")

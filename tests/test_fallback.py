@@ -47,7 +47,7 @@ def gpu_attempts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[BaseException
     attempts: list[int] = []
 
     def failing_launch(self: Any, device: int, args: Any, kwargs: Any,
-                       uploads: bool = True, keep_statuses: bool = True) -> Any:
+                       uploads: bool = True) -> Any:
         attempts.append(device)
         raise raised[min(len(attempts), len(raised)) - 1]
 

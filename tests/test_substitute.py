@@ -296,8 +296,8 @@ def linalg_modes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 def test_cupy_linalg_runs_raising_what_cusolver_reports(
         linalg_modes: list[tuple[str, str]]) -> None:
     """NumPy raises LinAlgError for a singular matrix; CuPy only when told to. Functions that
-    read no cuSOLVER status run without CuPy's error state (it costs some 8 us a call).
-    Outside a launch, ``solve`` and ``inv`` of one matrix check at once too."""
+    read no cuSOLVER status run without CuPy's error state (it costs some 8 us a call);
+    ``solve`` and ``inv`` of host arrays (standing in here) run CuPy's checked function."""
     import cupyx
 
     def linear_algebra(m: np.ndarray, stacked: np.ndarray) -> Any:

@@ -64,7 +64,6 @@ from vedart.offload.failures import (
     loses_context,
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
-from vedart.offload.linalg_status import StatusCheckFailed, any_failed, pending_statuses
 from vedart.offload.results import (
     HOST_LEAVES,
     made_recording,
@@ -84,7 +83,6 @@ if TYPE_CHECKING:
     from vedart.runtime import Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
-T = TypeVar("T")
 RETURNS = ("host", "device")
 HOST_INPUTS = (np.ndarray, Staged)  # what upload() moves to the device
 _warn_once = WarnOnce()
@@ -403,29 +401,25 @@ class _Offload:
         return self._clone
 
     def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any],
-               uploads: bool = True, keep_statuses: bool = True) -> _Launch:
+               uploads: bool = True) -> _Launch:
         """Move the host inputs (arrays or Staged copies) to ``device`` and run the substituted
         clone there, on that device's current stream, without waiting for the device: the
         tail of an upload overlaps the clone's own Python work (waiting for it measured
         30-100 us per call on the H100), so ``moved_in`` marks when the host had handed the
         inputs over. ``device`` is made current only when it is not already (a lane has made
         its own current; entering a device context costs a few microseconds a call).
-        ``uploads=False``: the arguments hold no host input, and are not walked.
-        ``keep_statuses``: a call that may run again keeps the singular-matrix checks of
-        ``np.linalg.solve`` and ``inv`` for :meth:`land` (:mod:`vedart.offload.linalg_status`);
-        StatusCheckFailed when the function raised after one of them failed."""
+        ``uploads=False``: the arguments hold no host input, and are not walked."""
         import cupy
 
         device_function = self._clone or self._device_function()
         if cupy.cuda.runtime.getDevice() != device:
             with cupy.cuda.Device(device):
-                return self.launch(device, args, kwargs, uploads, keep_statuses)
+                return self.launch(device, args, kwargs, uploads)
         stream = cupy.cuda.get_current_stream()
         engine = current_engine()
         started = time.perf_counter()
         made_arrays: list[Any] = []  # 0-d arguments stay 0-d arrays
-        statuses: list[Any] | None = [] if keep_statuses and self.options.idempotent else None
-        token, statuses_token = made_recording.set(made_arrays), pending_statuses.set(statuses)
+        token = made_recording.set(made_arrays)
         try:
             device_args, device_kwargs = args, kwargs
             if uploads:
@@ -442,18 +436,11 @@ class _Offload:
                     device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload_noted,
                                                CONTAINER_DEPTH + 1)
             moved_in = time.perf_counter()
-            try:
-                result = device_function(*device_args, **device_kwargs)
-            except Exception as error:
-                # A failed check comes first: NumPy would have raised it before this error.
-                if statuses and _failed_before(statuses, stream):
-                    raise StatusCheckFailed(self.name) from error
-                raise
+            result = device_function(*device_args, **device_kwargs)
         finally:
             made_recording.reset(token)
-            pending_statuses.reset(statuses_token)
         return _Launch(device, stream, engine, device_args, device_kwargs, result, started,
-                       moved_in, made_arrays, statuses)
+                       moved_in, made_arrays)
 
     def land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
@@ -464,17 +451,13 @@ class _Offload:
         import cupy
 
         result, bytes_to_host, write_backs = launch.result, 0, None
-        # Reading the kept statuses waits for the device.
-        waited = bool(launch.statuses)
-        if waited and _statuses_failed(launch):
-            raise StatusCheckFailed(self.name)
         # A small result is copied back without waiting for the device first: the copy waits
         # for it anyway, and a wait of its own before it is one more round trip to the device
         # on every small call. The device's remaining work then counts in seconds_to_host; a
         # larger result is waited for first, so that its copy is timed apart.
-        copy_waits = not waited and self._returns_host and self._signature is None and \
+        copy_waits = self._returns_host and self._signature is None and \
             type(result) is cupy.ndarray and result.nbytes < WAIT_APART_BYTES
-        if not (waited or copy_waits):
+        if not copy_waits:
             _wait_for(launch)
         computed = time.perf_counter()
         if self._signature is not None:  # writes=
@@ -522,39 +505,18 @@ class _Offload:
 WAIT_APART_BYTES = 1 << 20
 
 
-def _failed_before(statuses: list[Any], stream: Any) -> bool:
-    """Whether a kept status is nonzero, after the device function raised; False when they
-    cannot be read (the device's own failure is then the one to report)."""
-    try:
-        return any_failed(statuses, stream)
-    except Exception:
-        return False
-
-
-def _statuses_failed(launch: _Launch) -> bool:
-    """Whether a status ``launch`` kept is nonzero (:func:`any_failed`); waits for the
-    launch's work."""
-    assert launch.statuses
-    statuses = launch.statuses
-    return _on_device_of(launch, lambda: any_failed(statuses, launch.stream))
-
-
 def _wait_for(launch: _Launch) -> None:
-    """Wait until the device has done ``launch``'s work."""
-    _on_device_of(launch, launch.stream.synchronize)
-
-
-def _on_device_of(launch: _Launch, work: Callable[[], T]) -> T:
-    """``work()``, run with ``launch``'s device current. A direct call's launch made its device
+    """Wait until the device has done ``launch``'s work. A direct call's launch made its device
     current only while it ran, and CuPy's null stream stands for the current device's: waiting
     on it from another device's context returned before the work was done (two H200,
     2026-11-26), and the copy back then held the compute time."""
     import cupy
 
     if cupy.cuda.runtime.getDevice() == launch.device:
-        return work()
-    with cupy.cuda.Device(launch.device):
-        return work()
+        launch.stream.synchronize()
+    else:
+        with cupy.cuda.Device(launch.device):
+            launch.stream.synchronize()
 
 
 @dataclass
@@ -571,7 +533,6 @@ class _Launch:
     started: float
     moved_in: float
     made_arrays: list[Any]  # 0-d device arrays that come back as 0-d arrays
-    statuses: list[Any] | None = None  # kept singular-matrix checks (linalg_status), or None
 
 
 class PlannedCall:
@@ -640,33 +601,19 @@ class PlannedCall:
                                      time.perf_counter() - started)
             return result
         # One thread runs both phases: no phase bookkeeping (see launch and land for lanes).
-        started = time.perf_counter()
+        offload, started = self._offload, time.perf_counter()
         failure: Exception | None = None
         try:
-            result, record = self._attempt()
+            result, record = offload.land(
+                offload.launch(decision.device, self.args, self.kwargs,
+                               bool(self.facts.host_arrays)),
+                decision.reason, self.facts.host_bytes, self.args, self.kwargs)
         except Exception as error:
             failure = error
         self._inputs = None
         if failure is not None:
             return self._recover(failure, started)
         return self._landed(result, record, time.perf_counter() - started)
-
-    def _attempt(self) -> tuple[Any, CallRecord]:
-        """:meth:`_launch_and_land` keeping the singular-matrix checks, then, if one of them
-        failed, with CuPy's checks, which raise where NumPy does."""
-        try:
-            return self._launch_and_land(keep_statuses=True)
-        except StatusCheckFailed:
-            pass  # out of the handler: the first attempt's device memory is released
-        return self._launch_and_land(keep_statuses=False)
-
-    def _launch_and_land(self, keep_statuses: bool) -> tuple[Any, CallRecord]:
-        """Launch and land the call from the caller's arguments, on this thread."""
-        offload = self._offload
-        assert self.decision.device is not None
-        return offload.land(offload.launch(self.decision.device, self.args, self.kwargs,
-                                           bool(self.facts.host_arrays), keep_statuses),
-                            self.decision.reason, self.facts.host_bytes, self.args, self.kwargs)
 
     def stages(self, engine: TransferEngine) -> bool:
         """Whether :meth:`stage` would copy anything ahead with ``engine``."""
@@ -716,12 +663,6 @@ class PlannedCall:
             if self._failure is not None:
                 self._settle_uploads()
             self._inputs = self._launch = self._failure = None  # staged and device memory
-        if isinstance(failure, StatusCheckFailed):  # the again attempt of _attempt
-            failure = None
-            try:
-                result, record = self._launch_and_land(keep_statuses=False)
-            except Exception as error:
-                failure = error
         if failure is not None:
             return self._recover(failure, landing)
         return self._landed(result, record, self._own_seconds + time.perf_counter() - landing)

@@ -1,50 +1,32 @@
-"""The singular-matrix checks of ``np.linalg.solve`` and ``inv`` on the GPU path, made when the
-call lands instead of inside it.
+"""The singular-matrix check of ``np.linalg.solve`` and ``inv`` of one matrix on the GPU path,
+made with one read of cuSOLVER's status.
 
 NumPy raises ``LinAlgError`` for a singular matrix to ``solve`` or ``inv``. CuPy raises only
-when told to (``cupyx.errstate(linalg="raise")``), and then reads back cuSOLVER's status of the
-factorisation and of the solve as each ends: two waits for the device in every call, each after
-two kernels of its own, where CuPy's default makes none. In a call that may run again
-(``@gpu(idempotent=True)``, the default), the device :func:`solve` and :func:`inv` of one
-matrix run cuSOLVER's ``getrf`` and ``getrs`` as CuPy does, and keep ``getrf``'s status on the
-device in the list the launch sets in :data:`pending_statuses`. Landing reads them in the one
-wait for the device it makes anyway (:func:`any_failed`). A nonzero status is ``getrf``
-finding a zero pivot, which is how LAPACK reports to NumPy the singular matrix it raises for:
-the attempt's result cannot stand, landing raises :class:`StatusCheckFailed`, and the call is
-attempted again with CuPy's own checks, which raise where NumPy raises (and the call then
-re-runs on the CPU, or raises, as any GPU failure does). A function that makes many solves
-has its statuses read every :data:`CHECK_EVERY` of them too (:func:`keep`), so that a loop
-does not run on past a singular matrix.
+when told to (``cupyx.errstate(linalg="raise")``), and then checks the status of the
+factorisation (``getrf``) and of the solve (``getrs``) each with two kernels of its own and a
+wait for the device. :func:`solve` and :func:`inv` run ``getrf`` and ``getrs`` as CuPy does
+(``cupyx.lapack.gesv``), but read back ``getrf``'s status alone, 4 bytes in one wait: a
+nonzero one is the zero pivot by which LAPACK tells NumPy that the matrix is singular, and
+``getrs``'s status reports only arguments it rejects, which these are not. A singular matrix
+then runs CuPy's checked function, which raises CuPy's ``LinAlgError`` as it did before, at
+the same call, so a function that catches it sees it where NumPy raises it.
 
-Without a list (a call that must not run twice, the attempt again, a stack of matrices, a
-dtype other than float32, float64, complex64 or complex128, an empty matrix) CuPy's function
-runs with its checks, as it did before.
+Reading the status only when the call lands was tried: code that loops on a singular matrix's
+result (until it is small, until an iteration converges) then ran for ever where NumPy
+raises (docs/performance.md).
+
+Inputs ``getrf`` does not take here (a stack of matrices, a dtype other than float32, float64,
+complex64 or complex128, an empty matrix, host arrays) go to CuPy's checked function.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Any
 
 import numpy
 
-# The statuses of the current launch on this thread, or None: CuPy's checks run at once. Set by
-# the launch around its device function (``token = pending_statuses.set([])``, then reset).
-pending_statuses: ContextVar[list[Any] | None] = ContextVar("vedart_pending_statuses",
-                                                            default=None)
-
-# Kept statuses are read, a wait for the device, once this many have been kept: a loop of
-# solves does not run on for long past a singular matrix, as one whose condition is a NaN
-# result's comparison might for ever, where NumPy raises.
-CHECK_EVERY = 16
-
 _ROUTINE_TYPE = {"f": "s", "d": "d", "F": "c", "D": "z"}  # cuSOLVER's prefix per dtype char
-
-
-class StatusCheckFailed(Exception):
-    """A status kept on the device was nonzero: the call's attempt is to be made again with
-    CuPy's checks (see the module docstring)."""
 
 
 def _factors(a: Any) -> bool:
@@ -64,15 +46,18 @@ def _solves(a: Any, b: Any) -> bool:
         b.shape[0] == a.shape[0] and b.size > 0 and b.dtype.char in _ROUTINE_TYPE
 
 
-def factor_and_solve(a: Any, b: Any, statuses: list[Any]) -> None:
-    """``cupyx.lapack.gesv(a, b)`` (``b`` overwritten by the solution of ``a x = b``, ``a`` by its
-    LU factors) with ``getrf``'s status appended to ``statuses`` instead of read: ``a`` square,
-    F- or C-contiguous, ``b`` of one or two dimensions, F-contiguous, of ``a``'s dtype, which
-    is float32, float64, complex64 or complex128."""
+def factor_and_solve(a: Any, b: Any) -> bool:
+    """``cupyx.lapack.gesv(a, b)`` (``b`` overwritten by the solution of ``a x = b``, ``a`` by
+    its LU factors) with one read of a status: False, ``b`` left as it was, when ``getrf``
+    reports a zero pivot (or an argument it rejects). ``a``: square, F- or C-contiguous; ``b``:
+    of one or two dimensions, F-contiguous, of ``a``'s dtype, which is float32, float64,
+    complex64 or complex128. Waits for the device once."""
     import cupy
     from cupy.cuda import device
     from cupy_backends.cuda.libs import cublas, cusolver
 
+    if not (a.flags.f_contiguous or a.flags.c_contiguous) or not b.flags.f_contiguous:
+        raise ValueError("factor_and_solve: a must be F- or C-contiguous and b F-contiguous")
     routine = _ROUTINE_TYPE[a.dtype.char]
     n = a.shape[0]
     right_hand_sides = b.shape[1] if b.ndim == 2 else 1
@@ -85,69 +70,37 @@ def factor_and_solve(a: Any, b: Any, statuses: list[Any]) -> None:
                       dtype=a.dtype)
     getattr(cusolver, routine + "getrf")(handle, n, n, a.data.ptr, n, work.data.ptr,
                                          pivots.data.ptr, status.data.ptr)
-    keep(statuses, status)
-    # getrs reports only arguments it rejects, which these are not; its status goes elsewhere so
-    # that getrf's is not overwritten.
+    if status.get()[0] != 0:
+        return False
     getattr(cusolver, routine + "getrs")(handle, operation, n, right_hand_sides, a.data.ptr, n,
-                                         pivots.data.ptr, b.data.ptr, n,
-                                         cupy.empty(1, dtype=numpy.int32).data.ptr)
-
-
-def keep(statuses: list[Any], status: Any) -> None:
-    """Append ``status`` (a device array of int32) to ``statuses``. Once there are
-    :data:`CHECK_EVERY`, read them on the current stream: all zero, they are dropped; else one
-    array holding the failure stays, and NumPy's ``LinAlgError`` is raised into the function
-    (which may catch it: the attempt is made again when it lands, whatever it does)."""
-    statuses.append(status)
-    if len(statuses) < CHECK_EVERY:
-        return
-    together = _together(statuses)
-    if not together.get().any():
-        statuses.clear()
-        return
-    statuses[:] = [together]
-    raise numpy.linalg.LinAlgError("Singular matrix")
+                                         pivots.data.ptr, b.data.ptr, n, status.data.ptr)
+    return True
 
 
 def solve(raising: Callable[..., Any], a: Any, b: Any) -> Any:
-    """``cupy.linalg.solve(a, b)`` with its singular-matrix check kept for landing (see the
-    module docstring); ``raising`` (CuPy's ``solve`` with its checks) where none is kept."""
-    statuses = pending_statuses.get()
-    if statuses is None or not _solves(a, b):
+    """``cupy.linalg.solve(a, b)`` checked with one read (see the module docstring);
+    ``raising`` (CuPy's ``solve`` with its checks) for what ``getrf`` does not take here, and
+    for a singular matrix, for which it raises."""
+    if not _solves(a, b):
         return raising(a, b)
     dtype = numpy.result_type(a.dtype, b.dtype)
     # Copies, in the layout getrf and getrs take: the caller's arrays are not overwritten.
     factors, solution = a.astype(dtype, copy=True, order="F"), b.astype(dtype, copy=True, order="F")
-    factor_and_solve(factors, solution, statuses)
-    return solution
+    return solution if factor_and_solve(factors, solution) else raising(a, b)
 
 
 def inv(raising: Callable[..., Any], a: Any) -> Any:
-    """``cupy.linalg.inv(a)`` with its singular-matrix check kept for landing (see the module
-    docstring); ``raising`` (CuPy's ``inv`` with its checks) where none is kept."""
+    """``cupy.linalg.inv(a)`` checked with one read (see the module docstring); ``raising``
+    (CuPy's ``inv`` with its checks) for what ``getrf`` does not take here, and for a singular
+    matrix, for which it raises."""
     import cupy
 
-    statuses = pending_statuses.get()
-    if statuses is None or not _factors(a):
+    if not _factors(a):
         return raising(a)
     order = "F" if a.flags.f_contiguous else "C"
     factors = a.astype(a.dtype, copy=True, order=order)
     inverse = cupy.eye(a.shape[0], dtype=a.dtype, order=order)
-    if order == "F":
-        factor_and_solve(factors, inverse, statuses)
-    else:  # the transposes of C-contiguous arrays are F-contiguous: solve a' x' = I
-        factor_and_solve(factors.T, inverse.T, statuses)
-    return inverse
-
-
-def _together(statuses: list[Any]) -> Any:
-    """``statuses`` in one device array."""
-    import cupy
-
-    return statuses[0] if len(statuses) == 1 else cupy.concatenate(statuses)
-
-
-def any_failed(statuses: list[Any], stream: Any) -> bool:
-    """Whether any of ``statuses`` (device arrays, from :func:`factor_and_solve`) is nonzero:
-    they are read back on ``stream``, the launch's, which waits for its work."""
-    return bool(_together(statuses).get(stream=stream).any())
+    # The transposes of C-contiguous arrays are F-contiguous: then solve a' x' = I.
+    solved = factor_and_solve(factors, inverse) if order == "F" else \
+        factor_and_solve(factors.T, inverse.T)
+    return inverse if solved else raising(a)

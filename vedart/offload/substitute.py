@@ -324,7 +324,7 @@ def _on_host(value: Any) -> Any:
 # whose entering and leaving took 24 Python calls and some 8 us, a ninth of a step of power
 # iteration on a 96x96 matrix (``np.linalg.norm`` in the loop, H100, 2026-11-25).
 _STATUS_FREE_LINALG = frozenset({"cross", "det", "matmul", "matrix_transpose", "slogdet"})
-_CHECKED_AT_LANDING = {"solve": linalg_status.solve, "inv": linalg_status.inv}
+_CHECKED_ONCE = {"solve": linalg_status.solve, "inv": linalg_status.inv}
 
 
 def _raising_linalg_errors(device_function: Any, name: str) -> Any:
@@ -333,8 +333,7 @@ def _raising_linalg_errors(device_function: Any, name: str) -> Any:
     factor, an SVD that does not converge), as NumPy raises ``LinAlgError``; by default CuPy
     returns what the routine left (each check waits for the device). Functions that read no
     status, and ``norm`` of the default and Frobenius orders, run as they are; ``solve`` and
-    ``inv`` of one matrix keep their check for the call's landing where it may run again
-    (:mod:`vedart.offload.linalg_status`)."""
+    ``inv`` of one matrix read one status (:mod:`vedart.offload.linalg_status`)."""
     import cupyx
 
     if name in _STATUS_FREE_LINALG:
@@ -345,14 +344,14 @@ def _raising_linalg_errors(device_function: Any, name: str) -> Any:
         with cupyx.errstate(linalg="raise"):
             return device_function(*args, **kwargs)
 
-    if name in _CHECKED_AT_LANDING:
-        checked = _CHECKED_AT_LANDING[name]
+    if name in _CHECKED_ONCE:
+        checked = _CHECKED_ONCE[name]
 
         @functools.wraps(device_function)
-        def checked_at_landing(*args: Any, **kwargs: Any) -> Any:
+        def checked_once(*args: Any, **kwargs: Any) -> Any:
             return checked(raising, *args, **kwargs)
 
-        return checked_at_landing
+        return checked_once
     if name != "norm":
         return raising
 
