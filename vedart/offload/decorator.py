@@ -454,9 +454,10 @@ class _Offload:
         # A small result is copied back without waiting for the device first: the copy waits
         # for it anyway, and a wait of its own before it is one more round trip to the device
         # on every small call. The device's remaining work then counts in seconds_to_host; a
-        # larger result is waited for first, so that its copy is timed apart.
+        # larger result is waited for first, so that its copy is timed apart, and so is an
+        # empty one, whose copy moves nothing and waits for nothing.
         copy_waits = self._returns_host and self._signature is None and \
-            type(result) is cupy.ndarray and result.nbytes < WAIT_APART_BYTES
+            type(result) is cupy.ndarray and 0 < result.nbytes < WAIT_APART_BYTES
         if not copy_waits:
             _wait_for(launch)
         computed = time.perf_counter()
@@ -478,8 +479,6 @@ class _Offload:
                     f"{self.name}: returned device arrays vedart does not convert, handed back "
                     f"as CuPy arrays: {', '.join(unconverted[:5])}; return them in a tuple, "
                     "list, dict, dataclass or SimpleNamespace, or call veda.to_host"))
-        if copy_waits and launch.result.size == 0:  # no copy waited for the device
-            _wait_for(launch)
         finished = time.perf_counter()
         if write_backs:
             for original, _, host in write_backs:  # only after everything else succeeded
