@@ -128,3 +128,30 @@ def test_a_singular_matrix_runs_cupys_checked_function(
         np.linalg.inv(singular)
     assert call(device(singular)) == "checked"
     assert len(factored) == 1
+
+
+def test_raise_errors_here_sets_cupys_own_mode_on_this_thread_and_restores_it() -> None:
+    import threading
+
+    import cupyx
+
+    assert cupyx.geterr()["linalg"] == "ignore"
+    seen_elsewhere: list[str] = []
+    previous = linalg_status.raise_errors_here()
+    try:
+        assert previous == "ignore"
+        assert cupyx.geterr()["linalg"] == "raise"  # what CuPy's checks read
+        other = threading.Thread(target=lambda: seen_elsewhere.append(cupyx.geterr()["linalg"]))
+        other.start()
+        other.join()
+        assert seen_elsewhere == ["ignore"]  # another thread's CuPy code is untouched
+        assert linalg_status.raise_errors_here() == "raise"  # nested: the mode it found
+        linalg_status.restore_errors_here("raise")
+        assert cupyx.geterr()["linalg"] == "raise"
+    finally:
+        linalg_status.restore_errors_here(previous)
+    assert cupyx.geterr()["linalg"] == "ignore"
+    with cupyx.errstate(linalg="raise"):  # a caller's own mode is what comes back
+        assert linalg_status.raise_errors_here() == "raise"
+        linalg_status.restore_errors_here("raise")
+        assert cupyx.geterr()["linalg"] == "raise"

@@ -298,6 +298,41 @@ def test_a_loop_on_a_singular_matrixs_result_ends_as_under_numpy(
         veda.gpu(force="gpu", fallback="raise")(function)(singular, x[:2])
 
 
+solves_seen = 0
+
+
+def solve_and_count(a: np.ndarray, b: np.ndarray) -> Any:
+    """Assigns a module global, so it is not cloned: its ``np.linalg`` calls reach CuPy's
+    through NumPy's dispatch."""
+    global solves_seen
+    solves_seen += 1
+    return np.linalg.solve(a, b), np.linalg.inv(a)
+
+
+def solve_in_a_helper(a: np.ndarray, b: np.ndarray) -> Any:
+    return solve_and_count(a, b)
+
+
+@pytest.mark.parametrize("reach", [True, False])
+def test_a_singular_matrix_in_code_run_with_dispatch_alone_raises_as_numpy(reach: bool) -> None:
+    """Code the substitution does not reach gets CuPy's own solve and inv, which by default
+    return what cuSOLVER left for a singular matrix; during a GPU call they raise, as NumPy's
+    do, and the thread's CuPy error mode is as it was afterwards."""
+    import cupyx
+
+    a, b = well_conditioned(40, np.float64, 31), np.random.default_rng(32).random(40)
+    solved = veda.gpu(force="gpu", reach=reach)(solve_in_a_helper)
+    assert_same(solved(a, b), solve_in_a_helper(a, b), rtol=1e-10)
+    assert last(solve_in_a_helper)[0] == "gpu"
+    singular = a.copy()
+    singular[:, 7] = 0
+    with pytest.raises(veda.OffloadError, match="LinAlgError"):
+        veda.gpu(force="gpu", fallback="raise", reach=reach)(solve_in_a_helper)(singular, b)
+    with pytest.raises(np.linalg.LinAlgError, match="Singular matrix"):
+        solved(singular, b)
+    assert cupyx.geterr()["linalg"] == "ignore"
+
+
 def test_gpu_map_items_with_a_singular_matrix_answer_as_numpy() -> None:
     @veda.gpu(force="gpu")
     def solve_or_nan(a: np.ndarray) -> Any:

@@ -64,6 +64,7 @@ from vedart.offload.failures import (
     loses_context,
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
+from vedart.offload.linalg_status import raise_errors_here, restore_errors_here
 from vedart.offload.results import (
     HOST_LEAVES,
     made_recording,
@@ -436,7 +437,11 @@ class _Offload:
                     device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload_noted,
                                                CONTAINER_DEPTH + 1)
             moved_in = time.perf_counter()
-            result = device_function(*device_args, **device_kwargs)
+            linalg_mode = raise_errors_here()  # unreached code gets CuPy's checked linalg too
+            try:
+                result = device_function(*device_args, **device_kwargs)
+            finally:
+                restore_errors_here(linalg_mode)
         finally:
             made_recording.reset(token)
         return _Launch(device, stream, engine, device_args, device_kwargs, result, started,
