@@ -59,8 +59,8 @@ def _fresh_arrays() -> dict[int, np.ndarray]:
 def measure(side: str) -> dict[str, Any]:
     """One fresh process's timings (run in a child process by :func:`run`): GB/s of the first
     transfer of each of ``SIZES_MB`` by ``side`` ("vedart" or "cupy"), and for vedart whether
-    its staging loop was loaded and its staging ring made by then. ``{"error": ...}`` when no
-    GPU is usable."""
+    its staging loop was loaded and a staging ring made for every device by then.
+    ``{"error": ...}`` when no GPU is usable."""
     arrays = _fresh_arrays()
     began = time.perf_counter()
     if side == "vedart":
@@ -81,7 +81,8 @@ def measure(side: str) -> dict[str, Any]:
     result: dict[str, Any] = {"side": side, "after_init_s": time.perf_counter() - began}
     if side == "vedart":
         result["loop_ready"] = engine.loop.calls() is not None
-        result["ring_ready"] = engine.has_idle_ring(runtime.gpu.ordinals[0])
+        result["ring_ready"] = all(engine.has_idle_ring(ordinal)
+                                   for ordinal in runtime.gpu.ordinals)
     for size in SIZES_MB:
         x = arrays[size]
         started = time.perf_counter()
