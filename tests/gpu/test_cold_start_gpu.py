@@ -1,6 +1,7 @@
 """Cold start on the real GPU (``pytest -m gpu``): a fresh process's runtime begins loading
 the compiled staging loop at ``init``, before any transfer asks for it, and makes a staging
-ring ahead for every device (on a two-GPU host, calls go to either)."""
+ring ahead for every device (on a two-GPU host, calls go to either), and imports CuPy's error
+modes, which every GPU call sets."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ pytestmark = pytest.mark.gpu
 # would be neither, and ``calls()`` would only then start it, answering None.
 FRESH_PROCESS = """
 import json
+import sys
+import time
 import vedart as veda
 runtime = veda.init()
 loop = runtime.gpu.transfers.loop
@@ -24,8 +27,12 @@ loaded = loop.wait(300) is not None
 runtime.gpu.transfers.wait_prepared(300)
 ring = runtime.gpu.get_memory_stats()["pinned_used_mb"] > 0  # nothing else was moved
 every = all(runtime.gpu.transfers.has_idle_ring(ordinal) for ordinal in runtime.gpu.ordinals)
+deadline = time.monotonic() + 60  # imported on a thread of init's, though nothing was called
+while "cupyx._ufunc_config" not in sys.modules and time.monotonic() < deadline:
+    time.sleep(0.01)
+error_modes = "cupyx._ufunc_config" in sys.modules
 print(json.dumps({"began_at_init": began, "loaded": loaded, "ring_made_ahead": ring,
-                  "every_device": every}))
+                  "every_device": every, "error_modes_imported": error_modes}))
 """
 
 
@@ -34,4 +41,5 @@ def test_init_begins_loading_the_staging_loop_and_making_a_ring_in_a_fresh_proce
     finished = fresh_process(FRESH_PROCESS, 400)
     assert finished.returncode == 0, finished.stderr
     assert json.loads(finished.stdout.strip().splitlines()[-1]) == {
-        "began_at_init": True, "loaded": True, "ring_made_ahead": True, "every_device": True}
+        "began_at_init": True, "loaded": True, "ring_made_ahead": True, "every_device": True,
+        "error_modes_imported": True}
