@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -16,27 +15,10 @@ from vedart.gpu.context import GPUContext
 from vedart.gpu.devices import DeviceProbe
 from vedart.kernels.registry import KERNELS, KernelRegistry
 from vedart.offload.adaptive import AdaptiveModel
-from vedart.offload.linalg_status import load_error_state
 from vedart.offload.profile import ProfileFile, default_profile_path
 from vedart.parallel.dask_scheduler import DaskCluster
 from vedart.parallel.scheduler import Scheduler, shut_down_error
 from vedart.telemetry import Telemetry
-
-def _start_import(load: Callable[[], None]) -> None:
-    """Run ``load`` (an import every GPU call needs) on a background thread, so that a first
-    call made a moment after ``init`` waits for less of it, or none. A failure is left to that
-    call, which imports again and reports what fails."""
-    def quietly() -> None:
-        try:
-            load()
-        except Exception:
-            pass
-
-    try:
-        threading.Thread(target=quietly, name="vedart-import", daemon=True).start()
-    except RuntimeError:  # no thread to be had: the first call imports it
-        pass
-
 
 class Runtime:
     """Owns the configuration and the resources built from it.
@@ -58,8 +40,6 @@ class Runtime:
         self.gpu: GPUContext | None = GPUContext(
             config, device_probe, lambda ordinal: CUDABackend(device_id=ordinal)) \
             if config.gpu else None
-        if self.gpu and device_probe is None:
-            _start_import(load_error_state)
         self.cost_model: AdaptiveModel | None = None
         if config.cost_model == "adaptive":
             gpu_name = self.gpu.devices[0].name if self.gpu else None

@@ -27,7 +27,7 @@ loaded = loop.wait(300) is not None
 runtime.gpu.transfers.wait_prepared(300)
 ring = runtime.gpu.get_memory_stats()["pinned_used_mb"] > 0  # nothing else was moved
 every = all(runtime.gpu.transfers.has_idle_ring(ordinal) for ordinal in runtime.gpu.ordinals)
-deadline = time.monotonic() + 60  # imported on a thread of init's, though nothing was called
+deadline = time.monotonic() + 60  # imported by the loop's loader, though nothing was called
 while "cupyx._ufunc_config" not in sys.modules and time.monotonic() < deadline:
     time.sleep(0.01)
 error_modes = "cupyx._ufunc_config" in sys.modules

@@ -247,8 +247,16 @@ def _warn_not_loaded(error: BaseException) -> None:
 
 
 def _load_staging_loop() -> DriverCalls | None:
-    """:func:`vedart.gpu.staging_loop.load`; None without Numba (large arrays then go
-    direct)."""
+    """:func:`vedart.gpu.staging_loop.load`, after CuPy's error modes; None without Numba
+    (large arrays then go direct). Every GPU call sets those modes
+    (:mod:`vedart.offload.linalg_status`), and importing them imports all of ``cupyx``, SciPy's
+    sparse matrices among it: in a fresh process's first GPU call, beside Numba's import here,
+    that took the call 0.6-0.8 s (H100, 2026-11-27); imported here first, before Numba, a call
+    made a moment after ``init`` waits for what is left of it."""
+    try:
+        import cupyx._ufunc_config  # noqa: F401
+    except ImportError:  # no CuPy: nothing calls for them
+        pass
     try:
         from vedart.gpu.staging_loop import load
     except ImportError:

@@ -36,26 +36,19 @@ _ROUTINE_TYPE = {"f": "s", "d": "d", "F": "c", "D": "z"}  # cuSOLVER's prefix pe
 _error_state: Any = None  # ``cupyx._ufunc_config`` once imported: CuPy's per-thread error modes
 
 
-def load_error_state() -> None:
-    """Import CuPy's error modes (``cupyx._ufunc_config``), which imports all of ``cupyx``:
-    0.2 s alone, and 0.6-0.8 s in a fresh process's first GPU call beside the staging loop's
-    loading (H100, 2026-11-27), so the runtime calls this on a thread of its own at ``init``;
-    a call that comes first waits for that import to end."""
-    global _error_state
-    if _error_state is None:
-        import cupyx._ufunc_config
-
-        _error_state = cupyx._ufunc_config
-
-
 def raise_errors_here() -> str:
     """Make CuPy's linear algebra on this thread raise ``LinAlgError`` for what cuSOLVER
     reports (a singular matrix, a failed factorisation), as ``cupyx.errstate(linalg="raise")``
     does, and return the mode it replaces, for :func:`restore_errors_here`. The mode is the
     one ``cupyx.errstate`` sets, set directly: entering ``errstate`` took 3 us, this 0.2 us
-    (2026-11-27), on every GPU call."""
+    (2026-11-27), on every GPU call. The first call imports ``cupyx`` whole (0.2 s, SciPy's
+    sparse matrices among it) unless the staging loop's loader has (:mod:`vedart.gpu.transfer`
+    does so first, at ``init``)."""
+    global _error_state
     if _error_state is None:
-        load_error_state()
+        import cupyx._ufunc_config
+
+        _error_state = cupyx._ufunc_config
     previous: str = getattr(_error_state._config, "linalg", "ignore")  # CuPy's default
     _error_state._config.linalg = "raise"
     return previous
