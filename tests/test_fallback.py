@@ -243,3 +243,16 @@ def test_any_exception_raised_inside_cupys_code_is_a_gpu_failure(filename: str) 
     with pytest.raises(OverflowError) as users_own:
         raise OverflowError("Python integer -5 out of bounds for uint8")
     assert not is_gpu_failure(users_own.value)
+
+
+def test_a_linalg_error_is_not_remembered_for_the_signature(
+        gpu_attempts: list[BaseException]) -> None:
+    """CuPy's linear algebra raises for values (an inverse of NaNs) where NumPy answers: the
+    CPU answers that call, and the next call of the same shape still tries the GPU."""
+    gpu_attempts.append(np.linalg.LinAlgError("Error reported by getrf in cuSOLVER. devInfo = 1."))
+    inverse = veda.gpu(np.linalg.inv)
+    nans = np.full((512, 512), np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", veda.OffloadWarning)
+        assert np.isnan(inverse(nans)).all()
+    assert inverse.explain(nans).path == "gpu"

@@ -246,3 +246,20 @@ def test_a_disabled_context_closes_without_raising_cudas_errors(
     probe = gpu._probe
     gpu.close()
     assert probe.closed  # type: ignore[attr-defined]
+
+
+def test_a_runtime_on_real_devices_prepares_staging_for_every_device(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls go to the device with the most free memory, so each device's first large copy
+    needs its own bounce slots and ring; devices injected through a probe get none."""
+    from vedart.gpu import context
+    from vedart.gpu.transfer import TransferEngine
+
+    prepared: list[int] = []
+    monkeypatch.setattr(context, "CudaProbe", lambda: FakeProbe(3))
+    monkeypatch.setattr(TransferEngine, "prepare", lambda self, device: prepared.append(device))
+    veda.init(veda.Config.builder().devices([0, 2]).build())
+    assert prepared == [0, 2]
+    prepared.clear()
+    veda.init(device_probe=FakeProbe(3))
+    assert prepared == []

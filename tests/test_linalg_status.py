@@ -137,7 +137,7 @@ def test_raise_errors_here_sets_cupys_own_mode_on_this_thread_and_restores_it() 
 
     assert cupyx.geterr()["linalg"] == "ignore"
     seen_elsewhere: list[str] = []
-    previous = linalg_status.raise_errors_here()
+    modes, previous = linalg_status.raise_errors_here()
     try:
         assert previous == "ignore"
         assert cupyx.geterr()["linalg"] == "raise"  # what CuPy's checks read
@@ -145,13 +145,13 @@ def test_raise_errors_here_sets_cupys_own_mode_on_this_thread_and_restores_it() 
         other.start()
         other.join()
         assert seen_elsewhere == ["ignore"]  # another thread's CuPy code is untouched
-        assert linalg_status.raise_errors_here() == "raise"  # nested: the mode it found
-        linalg_status.restore_errors_here("raise")
+        assert linalg_status.raise_errors_here() == (modes, "raise")  # nested: the mode it found
         assert cupyx.geterr()["linalg"] == "raise"
     finally:
-        linalg_status.restore_errors_here(previous)
+        modes.linalg = previous
     assert cupyx.geterr()["linalg"] == "ignore"
-    with cupyx.errstate(linalg="raise"):  # a caller's own mode is what comes back
-        assert linalg_status.raise_errors_here() == "raise"
-        linalg_status.restore_errors_here("raise")
+    with cupyx.errstate(linalg="ignore"):  # a caller's own mode is overridden, then put back
+        modes, previous = linalg_status.raise_errors_here()
         assert cupyx.geterr()["linalg"] == "raise"
+        modes.linalg = previous
+        assert cupyx.geterr()["linalg"] == "ignore"

@@ -333,6 +333,20 @@ def test_a_singular_matrix_in_code_run_with_dispatch_alone_raises_as_numpy(reach
     assert cupyx.geterr()["linalg"] == "ignore"
 
 
+def inverse_of(a: np.ndarray) -> Any:
+    return np.linalg.inv(a)
+
+
+def test_a_nan_matrix_cupys_check_rejects_is_answered_as_numpy_answers_it() -> None:
+    """CuPy's checked ``inv`` raises for a matrix of NaN, where NumPy returns NaN: the call
+    re-runs on the CPU, says why, and answers as NumPy does."""
+    nans = np.full((16, 16), np.nan)
+    with pytest.warns(veda.OffloadWarning, match="LinAlgError"):
+        got = veda.gpu(force="gpu")(inverse_of)(nans)
+    assert_same(got, inverse_of(nans))
+    assert last(inverse_of)[0] == "fallback"
+
+
 def test_gpu_map_items_with_a_singular_matrix_answer_as_numpy() -> None:
     @veda.gpu(force="gpu")
     def solve_or_nan(a: np.ndarray) -> Any:

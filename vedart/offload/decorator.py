@@ -59,12 +59,13 @@ from vedart.offload.cost import Decision, Forcing, decide
 from vedart.offload.failures import (
     WarnOnce,
     depends_on_the_moment,
+    depends_on_the_values,
     failure_summary,
     is_gpu_failure,
     loses_context,
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
-from vedart.offload.linalg_status import raise_errors_here, restore_errors_here
+from vedart.offload.linalg_status import raise_errors_here
 from vedart.offload.results import (
     HOST_LEAVES,
     made_recording,
@@ -437,11 +438,11 @@ class _Offload:
                     device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload_noted,
                                                CONTAINER_DEPTH + 1)
             moved_in = time.perf_counter()
-            linalg_mode = raise_errors_here()  # unreached code gets CuPy's checked linalg too
+            error_modes, linalg_mode = raise_errors_here()  # CuPy's checks in unreached code
             try:
                 result = device_function(*device_args, **device_kwargs)
             finally:
-                restore_errors_here(linalg_mode)
+                error_modes.linalg = linalg_mode  # a store: no call an interrupt could precede
         finally:
             made_recording.reset(token)
         return _Launch(device, stream, engine, device_args, device_kwargs, result, started,
@@ -711,7 +712,8 @@ class PlannedCall:
             raise OffloadError(f"{offload.name}: GPU execution failed on device "
                                f"{decision.device}{where} ({summary}); {why}") from error
         reason = f"GPU failed{where} ({summary}); re-ran on CPU"
-        kind, remember = type(error).__name__, not depends_on_the_moment(error)
+        kind = type(error).__name__
+        remember = not depends_on_the_moment(error) and not depends_on_the_values(error)
         # The failed attempt's frames hold its device and staged inputs; an exception of the
         # re-run would keep them alive through this frame.
         error.__traceback__ = None

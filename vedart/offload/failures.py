@@ -20,6 +20,8 @@ import threading
 import traceback
 import warnings
 
+import numpy as np
+
 from vedart._logging import logger
 from vedart.errors import OffloadWarning
 
@@ -65,6 +67,14 @@ def depends_on_the_moment(error: BaseException) -> bool:
     not remembered for their signature (the adaptive model learns a failing device as slow)."""
     return type(error).__name__ in _DEVICE_STATE_ERRORS and \
         type(error).__module__.startswith(_GPU_PACKAGES)
+
+
+def depends_on_the_values(error: BaseException) -> bool:
+    """Whether ``error`` is NumPy's ``LinAlgError``, raised by the device's linear algebra for
+    the values it was given (a singular matrix; a matrix of NaN, for which CuPy's ``inv``
+    raises where NumPy's returns NaN): the next call of the same signature may have other
+    values, so such a failure is not remembered for it."""
+    return isinstance(error, np.linalg.LinAlgError)
 
 
 # CUDA errors after which no CUDA work of the process can succeed (the CUDA documentation says

@@ -36,27 +36,25 @@ _ROUTINE_TYPE = {"f": "s", "d": "d", "F": "c", "D": "z"}  # cuSOLVER's prefix pe
 _error_state: Any = None  # ``cupyx._ufunc_config`` once imported: CuPy's per-thread error modes
 
 
-def raise_errors_here() -> str:
+def raise_errors_here() -> tuple[Any, str]:
     """Make CuPy's linear algebra on this thread raise ``LinAlgError`` for what cuSOLVER
     reports (a singular matrix, a failed factorisation), as ``cupyx.errstate(linalg="raise")``
-    does, and return the mode it replaces, for :func:`restore_errors_here`. The mode is the
-    one ``cupyx.errstate`` sets, set directly: entering ``errstate`` took 3 us, this 0.2 us
-    (2026-11-27), on every GPU call. The first call imports ``cupyx`` whole (0.2 s, SciPy's
-    sparse matrices among it) unless the staging loop's loader has (:mod:`vedart.gpu.transfer`
-    does so first, at ``init``)."""
+    does, whatever mode the caller set, and return CuPy's per-thread error modes and the mode
+    replaced: ``modes.linalg = previous`` puts it back, a plain store, so that no function
+    call (where an interrupt can be raised) comes between the call's end and the restore.
+    The mode is the one ``cupyx.errstate`` sets, set directly: entering ``errstate`` took
+    3 us, this 0.2 us (2026-11-27), on every GPU call. The first call imports ``cupyx``
+    whole (0.2 s, SciPy's sparse matrices among it) unless the staging loop's loader has
+    (:mod:`vedart.gpu.transfer` does so first, at ``init``)."""
     global _error_state
     if _error_state is None:
         import cupyx._ufunc_config
 
         _error_state = cupyx._ufunc_config
-    previous: str = getattr(_error_state._config, "linalg", "ignore")  # CuPy's default
-    _error_state._config.linalg = "raise"
-    return previous
-
-
-def restore_errors_here(previous: str) -> None:
-    """Put back the mode :func:`raise_errors_here` replaced on this thread."""
-    _error_state._config.linalg = previous
+    modes = _error_state._config
+    previous: str = getattr(modes, "linalg", "ignore")  # CuPy's default
+    modes.linalg = "raise"
+    return modes, previous
 
 
 def _factors(a: Any) -> bool:
