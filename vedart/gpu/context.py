@@ -68,7 +68,7 @@ class GPUContext:
             # background, lets the first large transfer use them rather than copy direct at a
             # third of the speed or less, or wait for pinned slots. Every device's: calls go
             # to the device with the most free memory, on two H200 (2026-11-27) device 1, whose
-            # first copies went direct at 0.6-0.9x cupy.asarray. Devices injected through a
+            # first copies went direct at 0.45-0.98x cupy.asarray. Devices injected through a
             # probe (tests) may have no driver behind them: nothing is made for those.
             if probe is None:
                 for ordinal in self.ordinals:
