@@ -411,6 +411,37 @@ def test_user_exceptions_rerun_on_the_cpu_and_raise_as_they_would_there() -> Non
     assert caught.value.__context__ is None
 
 
+def test_small_inputs_go_through_pinned_copies_that_return_to_the_pool() -> None:
+    import gc
+
+    engine = veda.get_runtime().gpu.transfers  # type: ignore[union-attr]
+    copied = []
+    pinned_copy = engine._pinned_copy
+    engine._pinned_copy = lambda array: copied.append(array.shape) or pinned_copy(array)
+    try:
+        @veda.gpu(force="gpu")
+        def scaled_product(a: np.ndarray, b: np.ndarray, fail: bool = False) -> np.ndarray:
+            if fail:
+                raise ValueError("asked to fail")
+            return (a @ b) * 3.0
+
+        rng = np.random.default_rng()
+        a, b = rng.random((60, 70)), np.asfortranarray(rng.random((70, 50)))
+        np.testing.assert_allclose(scaled_product(a, b), (a @ b) * 3.0)  # warm: blocks cached
+        gc.collect()
+        held = engine.pinned.used_bytes
+        copied.clear()
+        np.testing.assert_allclose(scaled_product(a, b), (a @ b) * 3.0)
+        assert veda.get_runtime().telemetry.recent()[-1].path == "gpu"
+        assert copied == [(60, 70), (70, 50)]
+        with pytest.raises(ValueError, match="asked to fail"):  # the GPU try, then the CPU's
+            scaled_product(a, b, True)
+        gc.collect()
+        assert engine.pinned.used_bytes == held  # every block back, the failed call's too
+    finally:
+        del engine._pinned_copy
+
+
 def test_writes_are_copied_back_and_undeclared_writes_are_not() -> None:
     def scale_into(a: np.ndarray, out: np.ndarray) -> None:
         out[:] = a * 2

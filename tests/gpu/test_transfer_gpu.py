@@ -44,11 +44,18 @@ def staging_engine() -> Any:
 
 def moved(engine: TransferEngine, staging_engine: TransferEngine, how: str,
           host: np.ndarray) -> Any:
-    """``host`` on the device by ``to_device``, or staged ahead then uploaded."""
+    """``host`` on the device by ``to_device``, staged ahead then uploaded, or uploaded
+    through a pinned copy the caller keeps (what a @gpu call does with its small inputs)."""
     if how == "to_device":
         return engine.to_device(host)
     import cupy
 
+    if how == "upload+keep":
+        keep: list[Any] = []
+        device = staging_engine.upload(host, keep)
+        assert len(keep) == (host.nbytes > 0)  # every array here is below its pool_from
+        cupy.cuda.get_current_stream().synchronize()
+        return device
     staged = staging_engine.stage(host)
     assert staging_engine.stages(host) == (staged is not host)
     device = staging_engine.upload(staged)
@@ -56,7 +63,7 @@ def moved(engine: TransferEngine, staging_engine: TransferEngine, how: str,
     return device
 
 
-HOW = ["to_device", "stage+upload"]
+HOW = ["to_device", "stage+upload", "upload+keep"]
 
 
 def random_array(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -306,6 +313,19 @@ def test_pinned_results_stay_under_the_limit_and_fall_back_to_pageable() -> None
     engine.close()
 
 
+def test_small_uploads_past_the_pinned_limit_go_direct() -> None:
+    import cupy
+
+    engine = TransferEngine(MB, Tuning())  # one 1 MiB block
+    arrays = [np.random.default_rng(seed).random(100_000) for seed in range(3)]  # 800 KB each
+    keep: list[Any] = []
+    devices = [engine.upload(array, keep) for array in arrays]
+    cupy.cuda.get_current_stream().synchronize()
+    assert len(keep) == 1 and engine.pinned.used_bytes <= MB
+    assert all(np.array_equal(device.get(), array) for device, array in zip(devices, arrays))
+    engine.close()
+
+
 def test_a_thread_whose_first_cuda_call_is_a_large_copy_gets_it_through_an_idle_ring(
         engine: TransferEngine) -> None:
     """A ring made on one thread serves later transfers on any thread, in the CUDA context its
@@ -431,6 +451,10 @@ def test_registered_host_memory_goes_straight_to_the_device(
         device = engine.to_device(array)
         cupy.cuda.get_current_stream().synchronize()
         assert device.dtype == array.dtype and np.array_equal(device.get(), array)
+    keep: list[Any] = []
+    device = engine.upload(small, keep)  # registered: one copy from where it is, no pinned copy
+    cupy.cuda.get_current_stream().synchronize()
+    assert keep == [] and np.array_equal(device.get(), small)
 
 
 def test_peak_tracking_wraps_the_allocator_the_user_set_and_puts_it_back() -> None:

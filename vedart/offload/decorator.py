@@ -19,6 +19,7 @@ The path of one call:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
@@ -421,6 +422,7 @@ class _Offload:
         engine = current_engine()
         started = time.perf_counter()
         made_arrays: list[Any] = []  # 0-d arguments stay 0-d arrays
+        pinned_inputs: list[Staged] = []  # copies of small inputs, until the stream is waited for
         token = made_recording.set(made_arrays)
         try:
             device_args, device_kwargs = args, kwargs
@@ -428,7 +430,7 @@ class _Offload:
                 upload_one = upload if engine is None else engine.upload
 
                 def upload_noted(value: Staged | np.ndarray) -> Any:
-                    device_array = upload_one(value)
+                    device_array = upload_one(value, pinned_inputs)
                     if device_array.ndim == 0:
                         made_arrays.append(device_array)
                     return device_array
@@ -443,10 +445,14 @@ class _Offload:
                 result = device_function(*device_args, **device_kwargs)
             finally:
                 error_modes.linalg = linalg_mode  # a store: no call an interrupt could precede
+        except BaseException:
+            if pinned_inputs:  # their blocks go back to the pool: let the copies out end first
+                _settle(device, stream)
+            raise
         finally:
             made_recording.reset(token)
         return _Launch(device, stream, engine, device_args, device_kwargs, result, started,
-                       moved_in, made_arrays)
+                       moved_in, made_arrays, pinned_inputs)
 
     def land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
@@ -454,6 +460,15 @@ class _Offload:
         only then copy the writes into the caller's ``args``/``kwargs``. Whatever device is
         current: each result comes back through its own device's current stream, which is
         the launch's (a lane keeps its stream current for both phases)."""
+        try:
+            return self._land(launch, reason, bytes_to_device, args, kwargs)
+        except BaseException:
+            if launch.pinned_inputs:  # as in launch: the copies out of them end first
+                _settle(launch.device, launch.stream)
+            raise
+
+    def _land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
         import cupy
 
         result, bytes_to_host, write_backs = launch.result, 0, None
@@ -524,6 +539,16 @@ def _wait_for(launch: _Launch) -> None:
             launch.stream.synchronize()
 
 
+def _settle(device: int, stream: Any = None) -> None:
+    """Wait until ``stream`` of ``device`` (None: the current one there) has done its work,
+    whatever it raises: after a failure, before pinned inputs whose copies it queued go back
+    to the pool (the failure being handled reports a broken device already)."""
+    import cupy
+
+    with contextlib.suppress(Exception), cupy.cuda.Device(device):
+        (stream or cupy.cuda.get_current_stream()).synchronize()
+
+
 @dataclass
 class _Launch:
     """Device work of one call, enqueued on ``stream`` of ``device``; ``result`` holds device
@@ -538,6 +563,7 @@ class _Launch:
     started: float
     moved_in: float
     made_arrays: list[Any]  # 0-d device arrays that come back as 0-d arrays
+    pinned_inputs: list[Staged]  # pinned copies the uploads read: kept until the stream is done
 
 
 class PlannedCall:
@@ -733,16 +759,10 @@ class PlannedCall:
         """Before staged (pinned) inputs go back to the pool after a failed launch, wait for
         any copy the launch queued from them."""
         assert self._inputs is not None
-        if not any(True for container in self._inputs
-                   for _ in iter_arrays(container, Staged, CONTAINER_DEPTH + 1)):
-            return
-        import cupy
-
-        try:
-            with cupy.cuda.Device(self.decision.device):
-                cupy.cuda.get_current_stream().synchronize()
-        except Exception:  # a broken device: the failure being handled reports it already
-            pass
+        assert self.decision.device is not None
+        if any(True for container in self._inputs
+               for _ in iter_arrays(container, Staged, CONTAINER_DEPTH + 1)):
+            _settle(self.decision.device)
 
 
 def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., Any]:
