@@ -155,3 +155,41 @@ def test_raise_errors_here_sets_cupys_own_mode_on_this_thread_and_restores_it() 
         assert cupyx.geterr()["linalg"] == "raise"
         modes.linalg = previous
         assert cupyx.geterr()["linalg"] == "ignore"
+
+
+def test_cloned_linalg_enters_errstate_only_where_the_thread_does_not_raise_already(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clone's ``np.linalg.eigh`` inside a GPU call (mode set by raise_errors_here) runs as it
+    is; on a thread the function started itself, inside ``cupyx.errstate(linalg="raise")``."""
+    import contextlib
+    import threading
+
+    import cupyx
+
+    from vedart.offload.substitute import _raising_linalg_errors
+
+    entered: list[str] = []
+    real_errstate = cupyx.errstate
+
+    @contextlib.contextmanager
+    def recording_errstate(**modes: str) -> Any:
+        entered.append(modes["linalg"])
+        with real_errstate(**modes):
+            yield
+
+    monkeypatch.setattr(cupyx, "errstate", recording_errstate)
+    modes_seen: list[str] = []
+    eigh = _raising_linalg_errors(lambda m: modes_seen.append(cupyx.geterr()["linalg"]), "eigh")
+    modes, previous = linalg_status.raise_errors_here()
+    try:
+        assert linalg_status.raises_here()
+        eigh(None)
+        assert entered == [] and modes_seen == ["raise"]
+        started = threading.Thread(target=lambda: (modes_seen.append(
+            str(linalg_status.raises_here())), eigh(None)))
+        started.start()
+        started.join()
+    finally:
+        modes.linalg = previous
+    assert entered == ["raise"] and modes_seen == ["raise", "False", "raise"]
+    assert not linalg_status.raises_here()

@@ -57,6 +57,13 @@ def raise_errors_here() -> tuple[Any, str]:
     return modes, previous
 
 
+def raises_here() -> bool:
+    """Whether CuPy's linear algebra on this thread raises what cuSOLVER reports already (in a
+    GPU call, :func:`raise_errors_here` has made it so)."""
+    modes = _error_state._config if _error_state is not None else None
+    return getattr(modes, "linalg", None) == "raise"
+
+
 def _factors(a: Any) -> bool:
     """Whether ``a`` is one non-empty square device matrix of a dtype cuSOLVER's ``getrf``
     takes."""
