@@ -3,18 +3,15 @@
 Per item, in input order, on the thread that drives the pipeline:
 1. ``wrapper.plan_call(item)`` under ``prefer_device(least loaded device)`` makes the @gpu
    decision (``force=`` and ``veda.force`` blocks apply as they do to a direct call). While
-   an item the adaptive model is exploring with (its size not settled yet) has not finished,
-   no further item is decided: the model decides the next one knowing its time, as it
-   decides a direct call after the previous one returned. Deciding ahead would send a whole
-   window of items down a path the model has not measured yet (with a plain function, its
-   first call of a size runs on the CPU: a window of 48 matrices, on the CPU). A settled
-   size's re-check items hold nothing up: the items after them are decided as settled and
-   the lanes go on, where waiting for each drained them (re-checks on the GPU, H100,
-   2026-11-25: 46 ms a pipeline of 64 matrices, against 25 ms under the static rule; on the
-   CPU, 2026-11-27: 7.6 and 38 ms of waiting in runs of 35 and 80 ms). Only a timed item
-   (exploring or re-checking) waits for a re-check still running on the CPU before it runs:
-   timed beside a CPU item (all cores in NumPy's BLAS), it would time that item's
-   interference as much as its own.
+   an item the adaptive model is exploring with (its size not settled yet), or one it times
+   on the CPU, has not finished, no further item is decided: the model decides the next one
+   knowing its time, as it decides a direct call after the previous one returned. Deciding
+   ahead would send a whole window of items down a path the model has not measured yet (with
+   a plain function, its first call of a size runs on the CPU: a window of 48 matrices, on
+   the CPU), and a GPU item timed beside a CPU item (all cores in NumPy's BLAS) would time
+   that item's interference as much as its own. A settled size's re-check items on the GPU
+   hold nothing up: the lanes go on meanwhile, where waiting for each drained them (H100,
+   2026-11-25: 46 ms a pipeline of 64 matrices, against 25 ms under the static rule).
 2. CPU: the item joins a batch of consecutive CPU items, run on the worker pool
    ``chunk_size`` items per task: through the wrapper (its fast path), or, when the adaptive
    model chose the CPU, as the decided call itself (so a re-check of the CPU runs there and is
@@ -314,8 +311,6 @@ class GpuMapReader(ItemwiseReader):
         self._cpu_items = _CpuItems()
         # The latest item whose time the next decision waits for (see the module docstring).
         self._awaited: Task[Batch] | None = None
-        # A settled size's latest re-check on the CPU, which the next timed item waits for.
-        self._rechecking: Task[Batch] | None = None
 
     def _fill(self) -> None:
         try:
@@ -327,8 +322,7 @@ class GpuMapReader(ItemwiseReader):
         if isinstance(item, ItemFailure):
             self._add_cpu(item, origin, 0)
             return
-        awaited, self._awaited = self._awaited, None
-        _await(awaited)
+        self._await_timing()
         lanes = self._lanes.devices[self._device] if self._device is not None \
             else self._lanes.least_loaded()
         try:
@@ -339,18 +333,11 @@ class GpuMapReader(ItemwiseReader):
             return
         nbytes, decision = call.host_bytes, call.decision
         timed = decision.model == "adaptive" and decision.timed
-        if timed:
-            rechecking, self._rechecking = self._rechecking, None
-            _await(rechecking)
         if decision.path == "cpu":
             flushed = self._add_cpu(item, origin, nbytes,
                                     call if decision.model == "adaptive" else None)
             if timed:
-                task = flushed or self._flush_cpu()
-                if decision.exploring:
-                    self._awaited = task
-                else:
-                    self._rechecking = task
+                self._awaited = flushed or self._flush_cpu()
             return
         assert decision.device is not None, decision
         lanes = self._lanes.devices.get(decision.device, lanes)  # an input's own device
@@ -374,6 +361,17 @@ class GpuMapReader(ItemwiseReader):
         self._push(work.task)
         if decision.exploring:  # only the adaptive model explores, and it times what it does
             self._awaited = work.task
+
+    def _await_timing(self) -> None:
+        """Wait until the latest item whose time the next decision needs has run (and taught
+        the model its time); one still queued for a CPU worker runs here."""
+        task, self._awaited = self._awaited, None
+        if task is None:
+            return
+        try:
+            task.result()  # its own failure is the item's, delivered in order with the rest
+        except CancelledError:  # shut down: awaiting the item in order reports it
+            pass
 
     def _stage(self, call: LaneCall) -> Task[None] | None:
         """Start copying the call's mid-size inputs into pinned memory, if it has any."""
@@ -443,17 +441,6 @@ class GpuMapReader(ItemwiseReader):
     def _place(self, placement: Placement) -> None:
         if self._telemetry is not None:
             self._telemetry.record_placement(placement)
-
-
-def _await(task: Task[Batch] | None) -> None:
-    """Wait until ``task``'s item (if any) has run and taught the model its time, running it
-    here if it is still queued for a CPU worker."""
-    if task is None:
-        return
-    try:
-        task.result()  # its own failure is the item's, delivered in order with the rest
-    except CancelledError:  # shut down: awaiting the item in order reports it
-        pass
 
 
 def gpu_lanes_for(runtime: Runtime, scheduler: Scheduler) -> GpuLanes:
