@@ -567,6 +567,36 @@ def test_a_small_result_is_copied_back_without_waiting_for_the_device_first(devi
     assert small_to_host > small_compute and large_compute > large_to_host, phases
 
 
+def first_row_of_powers(matrix: np.ndarray, steps: int) -> np.ndarray:
+    """4 KB of :func:`normalised_powers`'s result."""
+    return normalised_powers(matrix, steps, True)[0, :512]
+
+
+@pytest.mark.parametrize("non_blocking", [False, True])
+def test_a_small_result_of_another_device_is_copied_after_its_work_under_a_callers_stream(
+        non_blocking: bool) -> None:
+    """A call on device 1 made while the caller has a stream of its own current on device 0:
+    CuPy's ``get()`` orders its copy on the current device's stream, so the small result's
+    copy is made on device 1's. Each matrix differs, so a result read early (the memory the
+    previous call's result was in) cannot pass for the right one."""
+    import cupy
+
+    if len(veda.get_runtime().gpu.devices) < 2:  # type: ignore[union-attr]
+        pytest.skip("needs 2 GPUs")
+    first_rows = veda.gpu(force="gpu", device=1)(first_row_of_powers)
+    rng = np.random.default_rng()
+    matrices = [rng.random((2000, 2000)) for _ in range(5)]
+    # Default streams: each copy is ordered after its work.
+    expected = [first_rows(matrix, 40) for matrix in matrices]
+    assert all(np.isfinite(row).all() for row in expected)
+    with cupy.cuda.Device(0), cupy.cuda.Stream(non_blocking=non_blocking):
+        got = [first_rows(matrix, 40) for matrix in matrices]
+    records = veda.get_runtime().telemetry.recent()[-len(matrices):]
+    assert [record.path for record in records] == ["gpu"] * len(matrices), records[-1]
+    for row, expected_row in zip(got, expected):
+        np.testing.assert_allclose(row, expected_row, rtol=1e-9)
+
+
 def blend(a, b=None, /, *rest, weight=0.25, scale=None, **named):  # type: ignore[no-untyped-def]
     """Arrays in every kind of parameter: positional-only, *args, keyword-only, **kwargs."""
     total = a * (1 - weight) + (a if b is None else b) * weight

@@ -452,9 +452,13 @@ def test_registered_host_memory_goes_straight_to_the_device(
         cupy.cuda.get_current_stream().synchronize()
         assert device.dtype == array.dtype and np.array_equal(device.get(), array)
     keep: list[Any] = []
-    device = engine.upload(small, keep)  # registered: one copy from where it is, no pinned copy
+    below_pool = small[:100]  # 400 KB, in the registered memory: below the engine's pool_from
+    device = engine.upload(below_pool, keep)  # one copy from where it is, no pinned copy
     cupy.cuda.get_current_stream().synchronize()
-    assert keep == [] and np.array_equal(device.get(), small)
+    assert keep == [] and np.array_equal(device.get(), below_pool)
+    device = engine.upload(below_pool.copy(), keep)  # the same bytes outside it: a pinned copy
+    cupy.cuda.get_current_stream().synchronize()
+    assert len(keep) == 1 and np.array_equal(device.get(), below_pool)
 
 
 def test_peak_tracking_wraps_the_allocator_the_user_set_and_puts_it_back() -> None:

@@ -567,7 +567,7 @@ class TransferEngine:
         ``Tuning.pool_from`` (outside :meth:`register_host` memory) is then copied into pooled
         pinned memory, kept there as a Staged, and sent by one asynchronous copy: what
         ``cupy.asarray`` does through CuPy's own pinned pool, with fewer steps per array (see
-        the module docstring)."""
+        the module docstring); past the pinned limit it goes through :meth:`to_device`."""
         if not isinstance(value, Staged):
             if keep is None or not 0 < value.nbytes < self.tuning.pool_from or \
                     self._in_registered(value):
@@ -618,11 +618,18 @@ class TransferEngine:
 
     def to_host(self, array: Any) -> np.ndarray:
         """A NumPy copy of the CuPy ``array``: pinned (pooled) when large enough and within the
-        pinned limit, pageable otherwise. Synchronises the current stream."""
+        pinned limit, pageable otherwise. Synchronises the current stream of the array's
+        device, whichever device is current."""
         import cupy
 
         if array.nbytes < self.tuning.pinned_result_from:
-            return array.get(order="A")  # "A": a Fortran-ordered array stays so
+            device = array.data.device_id
+            if device == cupy.cuda.runtime.getDevice():
+                return array.get(order="A")  # "A": a Fortran-ordered array stays so
+            # get() copies on the current device's current stream (CuPy 14.2), not on the
+            # array's device's, which its work was ordered on.
+            with cupy.cuda.Device(device):
+                return array.get(stream=cupy.cuda.get_current_stream(), order="A")
         with array.device:
             layout = contiguous_layout(array)
             if layout is None:
