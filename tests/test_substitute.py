@@ -184,6 +184,7 @@ def permissive(monkeypatch: pytest.MonkeyPatch) -> ModuleMapper:
     linalg.eigh = lambda m: (accepting("eigh")(m), None)  # type: ignore[attr-defined]
     fft.rfft2 = accepting("rfft2")  # type: ignore[attr-defined]
     fft.ifft, fft.irfft = accepting("ifft"), accepting("irfft")  # type: ignore[attr-defined]
+    fft.hfft = accepting("hfft")  # type: ignore[attr-defined]
     device.asarray = np.asarray  # type: ignore[attr-defined]
     device.linalg, device.fft, device.seen = linalg, fft, seen  # type: ignore[attr-defined]
     for module in (device, linalg, fft):
@@ -271,6 +272,25 @@ def test_ffts_of_an_empty_input_are_numpys_answer_without_device_work(
     got, expected = device_clone(transform, permissive)(np.ones((0, 3))), transform(np.ones((0, 3)))
     assert (got.shape, got.dtype) == (expected.shape, expected.dtype)
     assert sys.modules["permissive_numpy"].seen == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["irfft", "hfft"])
+def test_an_inverse_real_fft_without_output_points_is_numpys_error_without_device_work(
+        permissive: ModuleMapper, name: str) -> None:
+    """By default these make 2 * (m - 1) points along an axis of length m: for m = 1 NumPy
+    raises ValueError, where cuFFT failed with its own error (and the call re-ran on the CPU
+    with a warning)."""
+    def transform(x: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        return getattr(np.fft, name)(x, *args, **kwargs)
+
+    clone = device_clone(transform, permissive)
+    for x, args, kwargs in ((np.ones(1), (), {}), (np.ones((3, 1)), (), {}),
+                            (np.ones((1, 3)), (), {"axis": 0}),
+                            (np.ones((1, 3)), (None, np.int64(0)), {})):
+        with pytest.raises(ValueError, match="Invalid number of FFT data points"):
+            clone(x, *args, **kwargs)
+    assert sys.modules["permissive_numpy"].seen == []  # type: ignore[attr-defined]
+    assert clone(np.ones(1), 4) == clone(np.ones((1, 3))) == f"{name} computed"
 
 
 @pytest.fixture

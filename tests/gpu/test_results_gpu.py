@@ -106,7 +106,10 @@ def test_numpys_errors_where_cupy_is_more_permissive() -> None:
              (lambda m: np.linalg.eigh(m), np.eye(8, dtype=np.float16)),
              (lambda x: np.fft.rfft2(x), np.ones((8, 8), np.complex64)),
              (lambda x: np.fft.fft2(x), rng(8).random(16)),
-             (lambda x: np.fft.irfft2(x), np.ones((), np.complex128))]
+             (lambda x: np.fft.irfft2(x), np.ones((), np.complex128)),
+             # cuFFT's own error where NumPy finds no data points (2 * (1 - 1)):
+             (lambda x: np.fft.irfft(x), np.ones(1, np.complex128)),
+             (lambda x: np.fft.hfft(x), rng(10).random((3, 1)))]
     for func, argument in cases:
         with pytest.raises(Exception) as on_cpu:
             func(argument)

@@ -228,6 +228,12 @@ _HOST_WHEN_EMPTY: dict[str, frozenset[str]] = {
 # 2026-11-25). NumPy answers them on the host.
 _HOST_FOR_FLOAT16: dict[str, frozenset[str]] = {"numpy.fft": _FFT_TRANSFORMS}
 
+# numpy.fft transforms to a real output of 2 * (m - 1) points along their axis of length m by
+# default: for m = 1, NumPy raises ValueError (no data points) where cuFFT fails with its own
+# error, which re-ran the call on the CPU with a warning (H100, 2026-11-25). NumPy answers
+# such a call on the host, which raises its ValueError.
+_HOST_WITHOUT_POINTS: dict[str, frozenset[str]] = {"numpy.fft": frozenset({"irfft", "hfft"})}
+
 
 def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
                    name: str, device_module: str) -> Any:
@@ -266,6 +272,8 @@ def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
         adjusted = _on_host_when(adjusted, host_function, device_module, _is_empty)
     if name in _HOST_FOR_FLOAT16.get(host_module, ()) and callable(host_function):
         adjusted = _on_host_when(adjusted, host_function, device_module, _is_float16)
+    if name in _HOST_WITHOUT_POINTS.get(host_module, ()) and callable(host_function):
+        adjusted = _on_host_when(adjusted, host_function, device_module, _no_output_points)
     rejected = _NUMPY_REJECTS.get(host_module, {}).get(name)
     empty_checked = name in _NO_IDENTITY.get(host_module, ())
     fewest = _FEWEST_DIMENSIONS.get(host_module, {}).get(name, 0)
@@ -285,22 +293,35 @@ def _as_numpy_does(device_function: Any, host_function: Any, host_module: str,
     return checked
 
 
-def _is_empty(first: Any) -> bool:
-    return getattr(first, "size", None) == 0
+def _is_empty(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return getattr(args[0], "size", None) == 0
 
 
-def _is_float16(first: Any) -> bool:
-    return getattr(first, "dtype", None) == numpy.float16
+def _is_float16(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return getattr(args[0], "dtype", None) == numpy.float16
+
+
+def _no_output_points(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``irfft(a, n=None, axis=-1, ...)`` (or ``hfft``) would make 2 * (1 - 1) points:
+    no ``n``, and ``a``'s axis of length 1."""
+    n = kwargs.get("n", args[1] if len(args) > 1 else None)
+    axis = kwargs.get("axis", args[2] if len(args) > 2 else -1)
+    shape = getattr(args[0], "shape", None)
+    if n is not None or not isinstance(shape, tuple) or \
+            not isinstance(axis, (int, numpy.integer)) or \
+            not -len(shape) <= axis < len(shape):
+        return False
+    return shape[axis] == 1
 
 
 def _on_host_when(device_function: Any, host_function: Any, device_module: str,
-                  when: Callable[[Any], bool]) -> Any:
-    """``device_function``, except that where ``when(first argument)`` holds (and no
-    ``out=`` is given) ``host_function`` runs on host copies of the arguments: NumPy's
-    exception, or NumPy's result (an array of it on the device)."""
+                  when: Callable[[tuple[Any, ...], dict[str, Any]], bool]) -> Any:
+    """``device_function``, except that where ``when(args, kwargs)`` holds (and no ``out=``
+    is given) ``host_function`` runs on host copies of the arguments: NumPy's exception, or
+    NumPy's result (an array of it on the device)."""
     @functools.wraps(device_function)
     def host_when(*args: Any, **kwargs: Any) -> Any:
-        if not args or not when(args[0]) or "out" in kwargs:
+        if not args or "out" in kwargs or not when(args, kwargs):
             return device_function(*args, **kwargs)
         result = host_function(*map(_on_host, args),
                                **{key: _on_host(value) for key, value in kwargs.items()})
