@@ -480,7 +480,7 @@ class _Offload:
         copy_waits = self._returns_host and self._signature is None and \
             type(result) is cupy.ndarray and 0 < result.nbytes < WAIT_APART_BYTES
         if not copy_waits:
-            _wait_for(launch)
+            _wait_for(launch.device, launch.stream)
         computed = time.perf_counter()
         if self._signature is not None:  # writes=
             write_backs = self._fetch_writes(args, kwargs, launch.device_args,
@@ -525,28 +525,27 @@ class _Offload:
 WAIT_APART_BYTES = 1 << 20
 
 
-def _wait_for(launch: _Launch) -> None:
-    """Wait until the device has done ``launch``'s work. A direct call's launch made its device
-    current only while it ran, and CuPy's null stream stands for the current device's: waiting
-    on it from another device's context returned before the work was done (two H200,
-    2026-11-26), and the copy back then held the compute time."""
+def _wait_for(device: int, stream: Any = None) -> None:
+    """Wait until ``stream`` of ``device`` (None: the current one there) has done its work. A
+    direct call's launch made its device current only while it ran, and CuPy's null stream
+    stands for the current device's: waiting on it from another device's context returned
+    before the work was done (two H200, 2026-11-26), and the copy back then held the compute
+    time."""
     import cupy
 
-    if cupy.cuda.runtime.getDevice() == launch.device:
-        launch.stream.synchronize()
-    else:
-        with cupy.cuda.Device(launch.device):
-            launch.stream.synchronize()
+    if cupy.cuda.runtime.getDevice() != device:
+        with cupy.cuda.Device(device):
+            _wait_for(device, stream)
+        return
+    (cupy.cuda.get_current_stream() if stream is None else stream).synchronize()
 
 
 def _settle(device: int, stream: Any = None) -> None:
-    """Wait until ``stream`` of ``device`` (None: the current one there) has done its work,
-    whatever it raises: after a failure, before pinned inputs whose copies it queued go back
-    to the pool (the failure being handled reports a broken device already)."""
-    import cupy
-
-    with contextlib.suppress(Exception), cupy.cuda.Device(device):
-        (stream or cupy.cuda.get_current_stream()).synchronize()
+    """:func:`_wait_for`, whatever it raises: after a failure, before pinned inputs whose
+    copies ``stream`` queued go back to the pool (the failure being handled reports a broken
+    device already)."""
+    with contextlib.suppress(Exception):
+        _wait_for(device, stream)
 
 
 @dataclass
