@@ -4,6 +4,7 @@ outputs have the documented shape."""
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -250,3 +251,18 @@ def test_the_hand_port_of_the_workloads_runs_their_source_on_another_module() ->
     x = np.random.default_rng(3).random((50, 4))
     np.testing.assert_allclose(ported.correlation(x), workloads.correlation(x))
     assert ported.correlation is not workloads.correlation
+
+
+def test_dask_bench_without_dask_cuda_names_the_gpu_it_found(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    dask_bench = importlib.import_module("vedart.bench.dask")
+    probe = FakeProbe()
+    real_init = veda.init
+    monkeypatch.setattr(dask_bench.veda, "init",
+                        lambda config: real_init(config, device_probe=probe))
+    monkeypatch.setattr(dask_bench, "find_spec", lambda name: None)
+    monkeypatch.setattr(dask_bench, "_python_map", lambda repeats, items, workers: {})
+    result = dask_bench.run(quick=True)
+    assert result["device_name"] == probe.devices[0].name
+    assert result["gpu_map"] is None
+    assert result["gpu_note"].startswith("dask-cuda not installed")

@@ -97,17 +97,18 @@ def _python_map(repeats: int, items: int, workers: int) -> dict[str, Any]:
             "speedup": seconds["threads"] / seconds["dask"]}
 
 
-def _usable_gpus() -> tuple[int, str | None]:
-    """How many GPUs the default runtime sees, and why the GPU rows cannot run (None: they
-    can)."""
+def _usable_gpus() -> tuple[int, str | None, str | None]:
+    """How many GPUs the default runtime sees, the first one's name (None: none), and why the
+    GPU rows cannot run (None: they can)."""
     runtime = veda.init(veda.Config.builder().build())
     gpus = len(runtime.gpu.devices) if runtime.gpu else 0
+    name = runtime.gpu.devices[0].name if runtime.gpu else None
     reason = None if runtime.gpu else \
         f"no GPU ({runtime.gpu.unavailable_reason if runtime.gpu is not None else 'disabled'})"
     veda.shutdown()
     if reason is None and find_spec("dask_cuda") is None:
         reason = "dask-cuda not installed (pip install 'vedart[dask-cuda]')"
-    return gpus, reason
+    return gpus, name, reason
 
 
 def _gpu_map(repeats: int, matrices: int, devices: list[int],
@@ -156,9 +157,9 @@ def run(quick: bool, items: int = PYTHON_ITEMS, workers: int = PYTHON_WORKERS,
     repeats = 3 if quick else 7
     result: dict[str, Any] = {"suite": "dask", "targets": TARGETS, "samples": repeats,
                               "python_map": _python_map(repeats, items, workers)}
-    gpus, reason = _usable_gpus()
-    if reason is not None:
-        result.update(device_name=None, gpu_map=None, static_gpu_map=None, gpu_note=reason)
+    gpus, device_name, reason = _usable_gpus()
+    if reason is not None:  # the header still names a GPU that is there
+        result.update(device_name=device_name, gpu_map=None, static_gpu_map=None, gpu_note=reason)
         return result
     result["gpu_map"] = _gpu_map(repeats, matrices, [0])
     result["static_gpu_map"] = _gpu_map(repeats, matrices, [0], cost_model="static")
