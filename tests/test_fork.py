@@ -17,9 +17,13 @@ import numpy as np
 import pytest
 import worker_functions as wf
 from fakes import FakeProbe
+from numba import cuda
 
 import vedart as veda
+from vedart.errors import GPUUnavailableError
+from vedart.kernels.registry import gpu_kernel
 from vedart.lifecycle import FORKED_CHILD_REASON
+from vedart.locks import ForkSafeLock
 
 CHILD_LIMIT_S = 60.0
 # Python 3.12+ warns at every fork of a process with threads; forking one is the point here.
@@ -29,6 +33,22 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*use of fork\\(\\) may lead to 
 @veda.gpu
 def scaled(x: np.ndarray) -> np.ndarray:
     return np.sqrt(x) * 3.0 + 1.0
+
+
+kernel_started = threading.Event()
+kernel_may_finish = threading.Event()
+
+
+@gpu_kernel(threads_per_block=8)
+@cuda.jit
+def add_one_once_let(a):  # type: ignore[no-untyped-def]
+    """Adds 1 to every element; its thread 0 first waits for ``kernel_may_finish``."""
+    i = cuda.grid(1)
+    if i == 0:
+        kernel_started.set()
+        kernel_may_finish.wait(CHILD_LIMIT_S)
+    if i < a.size:
+        a[i] += 1
 
 
 def thread_name(item: int) -> str:
@@ -148,3 +168,71 @@ def test_a_staging_loop_loading_at_the_fork_loads_afresh_in_the_child(
     finally:
         release.set()
         assert STAGING_LOOP.wait(10) == "loaded"
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_fork_safe_lock_held_by_another_thread_at_the_fork_is_free_in_the_child(
+        reentrant: bool) -> None:
+    lock = ForkSafeLock(reentrant=reentrant)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait(CHILD_LIMIT_S)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        held.wait(CHILD_LIMIT_S)
+
+        def child() -> list[bool]:
+            taken = [lock.acquire(timeout=5)]
+            lock.release()
+            return taken + [lock.acquire(blocking=False)]
+
+        assert in_forked_child(child) == [True, True]
+        assert not lock.acquire(blocking=False)  # the parent's holder still has it
+    finally:
+        release.set()
+        holder.join()
+    assert lock.acquire(timeout=5)
+    lock.release()
+
+
+def test_a_child_forked_while_a_simulated_kernel_runs_says_it_cannot_simulate_kernels(
+        ) -> None:
+    veda.init(veda.Config.builder().gpu(False).build())
+    kernel_started.clear()
+    kernel_may_finish.clear()
+    parents = np.random.default_rng().random(16).astype(np.float32)
+    expected = parents + 1
+    running = threading.Thread(target=add_one_once_let, args=(parents,))
+    running.start()
+    try:
+        assert kernel_started.wait(CHILD_LIMIT_S)
+
+        def child() -> tuple[str, bool]:
+            kernel_may_finish.set()  # the child's own copy
+            values = np.random.default_rng().random(16).astype(np.float32)
+            before = values.copy()
+            try:
+                add_one_once_let(values)
+            except GPUUnavailableError as error:
+                return str(error), bool((values == before).all())
+            return "no error", False
+
+        message, untouched = in_forked_child(child)
+        assert message.startswith("cannot simulate add_one_once_let: this process was forked "
+                                  "while another thread simulated a kernel"), message
+        assert "'spawn'" in message
+        assert untouched
+    finally:
+        kernel_may_finish.set()
+        running.join(CHILD_LIMIT_S)
+    np.testing.assert_allclose(parents, expected)
+    again = np.random.default_rng().random(16).astype(np.float32)
+    before = again.copy()
+    kernel_may_finish.set()
+    add_one_once_let(again)  # the parent simulates as before
+    np.testing.assert_allclose(again, before + 1)

@@ -24,7 +24,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "vedart"
 # Lowest first; a module belongs to the layer of the longest prefix naming it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("vedart._version", "vedart.errors", "vedart.units", "vedart._logging",
-                    "vedart.tasks", "vedart.telemetry", "vedart.config", "vedart.lifecycle")),
+                    "vedart.locks", "vedart.tasks", "vedart.telemetry", "vedart.config",
+                    "vedart.lifecycle")),
     ("devices", ("vedart.gpu",)),
     ("device API", ("vedart.backends",)),
     ("offload and kernels", ("vedart.offload", "vedart.kernels")),

@@ -19,16 +19,16 @@ threads, and, when the parent had a usable GPU, a GPU context that says
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vedart.config import Config
+from vedart.locks import ForkSafeLock
 
 if TYPE_CHECKING:
     from vedart.runtime import Runtime
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 current: Runtime | None = None  # read directly by hot paths; replaced only under _lock
 _factory: Callable[..., Runtime] | None = None
 
@@ -60,8 +60,7 @@ def cuda_unusable_here() -> bool:
 
 
 def _after_fork_in_child() -> None:
-    global _lock, current, _inherited, _forked_after_gpu
-    _lock = threading.Lock()  # another thread may have held it at the fork
+    global current, _inherited, _forked_after_gpu
     _forked_after_gpu = _gpu_started
     if current is not None:
         _set_aside.append(current)

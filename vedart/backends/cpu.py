@@ -9,7 +9,6 @@ caller's arrays are as independent of device arrays as they are on a GPU), and a
 from __future__ import annotations
 
 import platform
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ import psutil
 from vedart.backends.base import Backend, numba_argument_types
 from vedart.backends.dims import CUDA_LIMITS, LaunchDims, LaunchLimits
 from vedart.backends.simulator import python_function, simulate
+from vedart.locks import ForkSafeLock
 
 
 class CPUBackend(Backend):
@@ -27,7 +27,7 @@ class CPUBackend(Backend):
     def __init__(self, *, enable_caching: bool = True) -> None:
         self._enable_caching = enable_caching
         self._kernels: dict[tuple[Any, tuple[Any, ...]], Any] = {}
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
 
     @classmethod
     def check_available(cls) -> bool:

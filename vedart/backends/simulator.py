@@ -11,6 +11,10 @@ in the function's globals swapped for a fake one. What it lacks, we add here:
   (transitively) is swapped for a simulator stand-in.
 * The simulator runs one kernel at a time (it asserts so); a process-wide lock serialises
   launches from many threads.
+* A process forked while another thread simulated a kernel inherits the simulator's state of
+  that kernel (its swapped globals, its running-kernel marker), which no thread of the child
+  will undo: there every launch raises ``GPUUnavailableError`` saying so, instead of waiting
+  for ever for the lock or running with that kernel's state.
 
 Kernels must reach CUDA through the ``numba.cuda`` module object (``cuda.grid(1)``, as Numba's
 documentation does); names imported from it (``from numba.cuda import grid``) are not swapped.
@@ -19,7 +23,7 @@ Array arguments are NumPy arrays, written in place.
 
 from __future__ import annotations
 
-import threading
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -27,8 +31,20 @@ from typing import Any
 import numpy as np
 
 from vedart.backends.dims import LaunchDims
+from vedart.errors import GPUUnavailableError
+from vedart.locks import ForkSafeLock
 
-_one_kernel_at_a_time = threading.Lock()
+_one_kernel_at_a_time = ForkSafeLock()
+_simulating = False  # a kernel is running in the simulator (set holding the lock)
+_forked_mid_kernel = False  # this process was forked while a kernel was simulated
+
+
+def _after_fork_in_child() -> None:
+    global _forked_mid_kernel
+    _forked_mid_kernel = _forked_mid_kernel or _simulating
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def python_function(kernel: Any) -> Callable[..., Any]:
@@ -39,6 +55,7 @@ def python_function(kernel: Any) -> Callable[..., Any]:
 def simulate(kernel: Any, dims: LaunchDims, args: Sequence[Any]) -> None:
     """Run ``kernel`` (a ``@cuda.jit`` dispatcher or its Python function) over ``dims`` in the
     simulator; NumPy array arguments are modified in place, as the kernel writes them."""
+    global _simulating
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
     from numba.cuda.simulator.kernel import FakeCUDAKernel
 
@@ -50,8 +67,19 @@ def simulate(kernel: Any, dims: LaunchDims, args: Sequence[Any]) -> None:
             wrapped[id(value)] = FakeCUDAArray(value)
     device_args = [wrapped.get(id(value), value) for value in args]
     function = python_function(kernel)
-    with _one_kernel_at_a_time, _simulated_device_functions(function):
-        FakeCUDAKernel(function, device=False)[dims.grid, dims.block](*device_args)
+    with _one_kernel_at_a_time:
+        if _forked_mid_kernel:
+            raise GPUUnavailableError(
+                f"cannot simulate {getattr(function, '__qualname__', function)}: this process "
+                "was forked while another thread simulated a kernel, whose state in Numba's "
+                "simulator no thread here will undo; fork before launching kernels, or start "
+                "child processes with multiprocessing's 'spawn' or 'forkserver'")
+        _simulating = True
+        try:
+            with _simulated_device_functions(function):
+                FakeCUDAKernel(function, device=False)[dims.grid, dims.block](*device_args)
+        finally:
+            _simulating = False
 
 
 class _Slot:

@@ -51,6 +51,7 @@ import numpy as np
 from vedart import lifecycle
 from vedart.gpu.bounce import BounceBuffers, CupySide, pinned_slots
 from vedart.gpu.pinned import PinnedPool
+from vedart.locks import ForkSafeLock
 from vedart.tasks import Task, TaskThreads, at_thread_exit
 
 if TYPE_CHECKING:
@@ -278,14 +279,9 @@ class _RingMaking:
     that no thread is inside CUDA calls while CUDA shuts down."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = ForkSafeLock()  # a child forked while a ring was being made
         self.exiting = False
         at_thread_exit(self._exit)
-        # A child forked while a ring was being made would find the lock taken for good.
-        os.register_at_fork(after_in_child=self._unlock)
-
-    def _unlock(self) -> None:
-        self.lock = threading.Lock()
 
     def _exit(self) -> None:
         self.exiting = True  # makers read it holding the lock: wait for the one that holds it

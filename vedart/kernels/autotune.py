@@ -9,7 +9,6 @@ into their outputs stay correct -- once to warm up (and compile), then timed wit
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ from vedart.backends import Backend
 from vedart.backends.dims import LaunchDims
 from vedart.errors import KernelLaunchError
 from vedart.kernels.launch_config import auto_dims
+from vedart.locks import ForkSafeLock
 
 CANDIDATES = (128, 256, 512, 1024)
 TIMED_LAUNCHES = 3
@@ -53,7 +53,7 @@ class Autotuner:
         self._kernel = kernel
         self._dispatcher = dispatcher
         self._best: dict[tuple[int, SizeBucket], int] = {}
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
 
     def best(self, device: int, bucket: SizeBucket) -> int | None:
         """The threads-per-block chosen for ``bucket`` on ``device``, or None before tuning."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -49,12 +48,13 @@ from vedart.kernels.arguments import (
 )
 from vedart.kernels.autotune import Autotuner
 from vedart.kernels.launch_config import auto_dims
+from vedart.locks import ForkSafeLock
 from vedart.telemetry import KernelStats
 
 _NEVER_CURRENT: Any = object()  # a route "runtime" that is never lifecycle.current
 _CONFIGURED_CACHE_LIMIT = 256
 _HOST = CPUBackend()
-_warning_lock = threading.Lock()
+_warning_lock = ForkSafeLock()
 
 
 def cuda_backend(ordinal: int) -> Backend:
@@ -281,7 +281,7 @@ class KernelRegistry(Mapping[str, KernelHandle]):
     def __init__(self) -> None:
         self._handles: weakref.WeakValueDictionary[str, KernelHandle] = \
             weakref.WeakValueDictionary()
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
 
     def register(self, handle: KernelHandle) -> None:
         with self._lock:

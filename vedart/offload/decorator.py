@@ -23,7 +23,6 @@ import contextlib
 import functools
 import inspect
 import itertools
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -42,6 +41,7 @@ from vedart.gpu.transfer import (
     to_host,
     upload,
 )
+from vedart.locks import ForkSafeLock
 from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
     HEAVY_AT_ONCE_S,
@@ -89,7 +89,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 RETURNS = ("host", "device")
 HOST_INPUTS = (np.ndarray, Staged)  # what upload() moves to the device
 _warn_once = WarnOnce()
-_mapper_lock = threading.Lock()
+_mapper_lock = ForkSafeLock()
 _mapper: ModuleMapper | None = None
 
 

@@ -16,7 +16,6 @@ arrays). Everything else is the user's exception.
 
 from __future__ import annotations
 
-import threading
 import traceback
 import warnings
 
@@ -24,6 +23,7 @@ import numpy as np
 
 from vedart._logging import logger
 from vedart.errors import OffloadWarning
+from vedart.locks import ForkSafeLock
 
 _GPU_PACKAGES = ("cupy", "cupyx", "cupy_backends", "numba.cuda")
 _GPU_PATH_PARTS = ("/cupy/", "/cupyx/", "/cupy_backends/")
@@ -109,7 +109,7 @@ class WarnOnce:
 
     def __init__(self) -> None:
         self._seen: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
 
     def warn(self, function: str, kind: str, message: str) -> None:
         key = (function, kind)

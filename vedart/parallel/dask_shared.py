@@ -40,6 +40,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 from vedart.gpu.transfer import TransferEngine, current_engine
+from vedart.locks import ForkSafeLock
 from vedart.parallel.batch import Batch
 from vedart.parallel.byte_ring import ByteRing, aligned
 from vedart.parallel.device_workers import (
@@ -60,7 +61,7 @@ COPY_THREADS = 4             # threads copying a batch's buffers into the ring
 _mapped: OrderedDict[str, memoryview] = OrderedDict()  # in a worker: ring name -> its mapping
 # In a worker: ring name -> the transfer engine that page-locked it (it unlocks at its close).
 _registered_by: weakref.WeakValueDictionary[str, TransferEngine] = weakref.WeakValueDictionary()
-_mapped_lock = threading.Lock()
+_mapped_lock = ForkSafeLock()
 
 
 @dataclass(frozen=True)
