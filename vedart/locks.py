@@ -14,6 +14,15 @@ import os
 import threading
 import weakref
 from types import TracebackType
+from typing import Protocol
+
+
+class _Lock(Protocol):
+    """What a ``threading.Lock`` and a ``threading.RLock`` both offer."""
+
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+
+    def release(self) -> None: ...
 
 
 class ForkSafeLock:
@@ -27,7 +36,7 @@ class ForkSafeLock:
         self._lock = self._new_lock()
         _LOCKS.add(self)
 
-    def _new_lock(self) -> threading.Lock | threading.RLock:
+    def _new_lock(self) -> _Lock:
         return threading.RLock() if self._reentrant else threading.Lock()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
