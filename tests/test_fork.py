@@ -23,7 +23,7 @@ import vedart as veda
 from vedart.errors import GPUUnavailableError
 from vedart.kernels.registry import gpu_kernel
 from vedart.lifecycle import FORKED_CHILD_REASON
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 
 CHILD_LIMIT_S = 60.0
 # Python 3.12+ warns at every fork of a process with threads; forking one is the point here.
@@ -170,14 +170,22 @@ def test_a_staging_loop_loading_at_the_fork_loads_afresh_in_the_child(
         assert STAGING_LOOP.wait(10) == "loaded"
 
 
+class Guarded:
+    """An object whose lock a forked child gets back unlocked."""
+
+    def __init__(self, reentrant: bool) -> None:
+        self.lock = threading.RLock() if reentrant else threading.Lock()
+        renew_in_child(self, "lock")
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
-def test_a_fork_safe_lock_held_by_another_thread_at_the_fork_is_free_in_the_child(
+def test_a_lock_held_by_another_thread_at_the_fork_is_free_in_the_child(
         reentrant: bool) -> None:
-    lock = ForkSafeLock(reentrant=reentrant)
+    guarded = Guarded(reentrant)
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with lock:
+        with guarded.lock:
             held.set()
             release.wait(CHILD_LIMIT_S)
 
@@ -187,17 +195,28 @@ def test_a_fork_safe_lock_held_by_another_thread_at_the_fork_is_free_in_the_chil
         held.wait(CHILD_LIMIT_S)
 
         def child() -> list[bool]:
-            taken = [lock.acquire(timeout=5)]
-            lock.release()
-            return taken + [lock.acquire(blocking=False)]
+            taken = [guarded.lock.acquire(timeout=5)]
+            guarded.lock.release()
+            return taken + [guarded.lock.acquire(blocking=False)]
 
         assert in_forked_child(child) == [True, True]
-        assert not lock.acquire(blocking=False)  # the parent's holder still has it
+        assert not guarded.lock.acquire(blocking=False)  # the parent's holder still has it
     finally:
         release.set()
         holder.join()
-    assert lock.acquire(timeout=5)
-    lock.release()
+    assert guarded.lock.acquire(timeout=5)
+    guarded.lock.release()
+
+
+def test_a_reentrant_lock_the_forking_thread_holds_stays_its_own_in_the_child() -> None:
+    guarded = Guarded(reentrant=True)
+
+    def child() -> list[bool]:
+        guarded.lock.release()  # the with block below, in the child: it must not raise
+        return [guarded.lock.acquire(blocking=False)]
+
+    with guarded.lock:
+        assert in_forked_child(child) == [True]
 
 
 def test_a_child_forked_while_a_simulated_kernel_runs_says_it_cannot_simulate_kernels(

@@ -19,16 +19,19 @@ threads, and, when the parent had a usable GPU, a GPU context that says
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vedart.config import Config
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 
 if TYPE_CHECKING:
     from vedart.runtime import Runtime
 
-_lock = ForkSafeLock()
+_lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_lock")
 current: Runtime | None = None  # read directly by hot paths; replaced only under _lock
 _factory: Callable[..., Runtime] | None = None
 

@@ -2,10 +2,12 @@
 
 A thread that holds a lock when another thread forks the process does not exist in the child,
 so the child's copy of that lock stays taken for good and the first call there that needs it
-hangs. The runtime is rebuilt in a child (:mod:`vedart.lifecycle`); the locks made here guard
-what outlives a runtime (module state, and the state of decorated functions and kernels), and
-a child gets each of them anew, unlocked. The state such a lock guarded is left as the fork
-found it. vedart never forks while one of its own threads holds one of these locks.
+hangs. The runtime is rebuilt in a child (:mod:`vedart.lifecycle`); the locks registered here
+guard what outlives a runtime (module state, and the state of decorated functions and kernels),
+and in a child each is replaced by a new lock of its kind, unlocked, except a reentrant lock
+the forking thread itself holds, which that thread goes on to release. The state such a lock
+guarded is left as the fork found it. The locks stay plain ``threading`` locks: taking one
+costs what it did, and is as safe against an interrupt.
 """
 
 from __future__ import annotations
@@ -13,57 +15,42 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from types import TracebackType
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any
+
+_RLOCK_TYPE = type(threading.RLock())
+# (id of the owner, attribute) -> a weak reference to the owner, dropped with the owner.
+_REGISTERED: dict[tuple[int, str], weakref.ref[Any]] = {}
 
 
-class _Lock(Protocol):
-    """What a ``threading.Lock`` and a ``threading.RLock`` both offer."""
-
-    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
-
-    def release(self) -> None: ...
-
-
-class ForkSafeLock:
-    """A ``threading.Lock`` (``threading.RLock`` with ``reentrant=True``) that a forked child
-    gets back unlocked; used as a lock is (``with``, ``acquire``, ``release``)."""
-
-    __slots__ = ("__weakref__", "_lock", "_reentrant")
-
-    def __init__(self, *, reentrant: bool = False) -> None:
-        self._reentrant = reentrant
-        self._lock = self._new_lock()
-        _LOCKS.add(self)
-
-    def _new_lock(self) -> _Lock:
-        return threading.RLock() if self._reentrant else threading.Lock()
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return self._lock.acquire(blocking, timeout)
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def __enter__(self) -> bool:
-        return self._lock.acquire()
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self._lock.release()
-
-    def renew(self) -> None:
-        """Replace the lock with a new, unlocked one (in a forked child, no other thread can
-        hold it)."""
-        self._lock = self._new_lock()
+def renew_in_child(owner: object, *names: str) -> None:
+    """After a fork, the child replaces the lock ``getattr(owner, name)`` of each of ``names``
+    with a new, unlocked lock of the same kind (``threading.Lock`` or ``threading.RLock``).
+    ``owner`` is an object (``self``) or a module (``sys.modules[__name__]``); it is referred to
+    weakly."""
+    for name in names:
+        key = (id(owner), name)
+        _REGISTERED[key] = weakref.ref(owner, _forget(key))
 
 
-_LOCKS: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()
+def _forget(key: tuple[int, str]) -> Callable[[weakref.ref[Any]], None]:
+    def forget(_: weakref.ref[Any]) -> None:
+        _REGISTERED.pop(key, None)
+
+    return forget
 
 
 def _after_fork_in_child() -> None:
-    for lock in list(_LOCKS):
-        lock.renew()
+    for (_, name), reference in list(_REGISTERED.items()):
+        owner = reference()
+        if owner is None:
+            continue
+        lock = getattr(owner, name)
+        if isinstance(lock, _RLOCK_TYPE):
+            if not lock._is_owned():  # held by a thread the child does not have, or free
+                setattr(owner, name, threading.RLock())
+        else:
+            setattr(owner, name, threading.Lock())
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

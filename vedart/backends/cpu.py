@@ -9,6 +9,7 @@ caller's arrays are as independent of device arrays as they are on a GPU), and a
 from __future__ import annotations
 
 import platform
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ import psutil
 from vedart.backends.base import Backend, numba_argument_types
 from vedart.backends.dims import CUDA_LIMITS, LaunchDims, LaunchLimits
 from vedart.backends.simulator import python_function, simulate
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 
 
 class CPUBackend(Backend):
@@ -27,7 +28,8 @@ class CPUBackend(Backend):
     def __init__(self, *, enable_caching: bool = True) -> None:
         self._enable_caching = enable_caching
         self._kernels: dict[tuple[Any, tuple[Any, ...]], Any] = {}
-        self._lock = ForkSafeLock()
+        self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
 
     @classmethod
     def check_available(cls) -> bool:

@@ -14,7 +14,8 @@ in the function's globals swapped for a fake one. What it lacks, we add here:
 * A process forked while another thread simulated a kernel inherits the simulator's state of
   that kernel (its swapped globals, its running-kernel marker), which no thread of the child
   will undo: there every launch raises ``GPUUnavailableError`` saying so, instead of waiting
-  for ever for the lock or running with that kernel's state.
+  for ever for the lock or running with that kernel's state. The globals of that kernel's
+  module keep the simulator's stand-ins (for ``cuda`` and its device functions) in the child.
 
 Kernels must reach CUDA through the ``numba.cuda`` module object (``cuda.grid(1)``, as Numba's
 documentation does); names imported from it (``from numba.cuda import grid``) are not swapped.
@@ -24,6 +25,8 @@ Array arguments are NumPy arrays, written in place.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -32,9 +35,10 @@ import numpy as np
 
 from vedart.backends.dims import LaunchDims
 from vedart.errors import GPUUnavailableError
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 
-_one_kernel_at_a_time = ForkSafeLock()
+_one_kernel_at_a_time = threading.Lock()
+renew_in_child(sys.modules[__name__], "_one_kernel_at_a_time")
 _simulating = False  # a kernel is running in the simulator (set holding the lock)
 _forked_mid_kernel = False  # this process was forked while a kernel was simulated
 

@@ -51,7 +51,7 @@ import numpy as np
 from vedart import lifecycle
 from vedart.gpu.bounce import BounceBuffers, CupySide, pinned_slots
 from vedart.gpu.pinned import PinnedPool
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 from vedart.tasks import Task, TaskThreads, at_thread_exit
 
 if TYPE_CHECKING:
@@ -279,7 +279,8 @@ class _RingMaking:
     that no thread is inside CUDA calls while CUDA shuts down."""
 
     def __init__(self) -> None:
-        self.lock = ForkSafeLock()  # a child forked while a ring was being made
+        self.lock = threading.Lock()
+        renew_in_child(self, "lock")  # a child forked while a ring was being made
         self.exiting = False
         at_thread_exit(self._exit)
 

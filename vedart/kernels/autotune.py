@@ -9,6 +9,7 @@ into their outputs stay correct -- once to warm up (and compile), then timed wit
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ from vedart.backends import Backend
 from vedart.backends.dims import LaunchDims
 from vedart.errors import KernelLaunchError
 from vedart.kernels.launch_config import auto_dims
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 
 CANDIDATES = (128, 256, 512, 1024)
 TIMED_LAUNCHES = 3
@@ -53,7 +54,8 @@ class Autotuner:
         self._kernel = kernel
         self._dispatcher = dispatcher
         self._best: dict[tuple[int, SizeBucket], int] = {}
-        self._lock = ForkSafeLock()
+        self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
 
     def best(self, device: int, bucket: SizeBucket) -> int | None:
         """The threads-per-block chosen for ``bucket`` on ``device``, or None before tuning."""

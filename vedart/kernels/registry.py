@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -48,13 +50,14 @@ from vedart.kernels.arguments import (
 )
 from vedart.kernels.autotune import Autotuner
 from vedart.kernels.launch_config import auto_dims
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 from vedart.telemetry import KernelStats
 
 _NEVER_CURRENT: Any = object()  # a route "runtime" that is never lifecycle.current
 _CONFIGURED_CACHE_LIMIT = 256
 _HOST = CPUBackend()
-_warning_lock = ForkSafeLock()
+_warning_lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_warning_lock")
 
 
 def cuda_backend(ordinal: int) -> Backend:
@@ -281,7 +284,8 @@ class KernelRegistry(Mapping[str, KernelHandle]):
     def __init__(self) -> None:
         self._handles: weakref.WeakValueDictionary[str, KernelHandle] = \
             weakref.WeakValueDictionary()
-        self._lock = ForkSafeLock()
+        self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
 
     def register(self, handle: KernelHandle) -> None:
         with self._lock:

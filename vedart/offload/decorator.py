@@ -23,6 +23,8 @@ import contextlib
 import functools
 import inspect
 import itertools
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -41,7 +43,7 @@ from vedart.gpu.transfer import (
     to_host,
     upload,
 )
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
     HEAVY_AT_ONCE_S,
@@ -89,7 +91,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 RETURNS = ("host", "device")
 HOST_INPUTS = (np.ndarray, Staged)  # what upload() moves to the device
 _warn_once = WarnOnce()
-_mapper_lock = ForkSafeLock()
+_mapper_lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_mapper_lock")
 _mapper: ModuleMapper | None = None
 
 

@@ -16,6 +16,7 @@ arrays). Everything else is the user's exception.
 
 from __future__ import annotations
 
+import threading
 import traceback
 import warnings
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from vedart._logging import logger
 from vedart.errors import OffloadWarning
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 
 _GPU_PACKAGES = ("cupy", "cupyx", "cupy_backends", "numba.cuda")
 _GPU_PATH_PARTS = ("/cupy/", "/cupyx/", "/cupy_backends/")
@@ -109,7 +110,8 @@ class WarnOnce:
 
     def __init__(self) -> None:
         self._seen: set[tuple[str, str]] = set()
-        self._lock = ForkSafeLock()
+        self._lock = threading.Lock()
+        renew_in_child(self, "_lock")
 
     def warn(self, function: str, kind: str, message: str) -> None:
         key = (function, kind)

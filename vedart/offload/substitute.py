@@ -48,13 +48,14 @@ import enum
 import functools
 import importlib
 import sys
+import threading
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy
 
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 from vedart.offload import linalg_status
 from vedart.offload.arguments import HOST_CLASS
 from vedart.offload.results import (
@@ -555,7 +556,8 @@ class Reach:
         self.builtins = _hooked_builtins(mapper)
         self.builtins["super"] = self._super
         self._home_package = home.partition(".")[0]
-        self._lock = ForkSafeLock(reentrant=True)
+        self._lock = threading.RLock()
+        renew_in_child(self, "_lock")
         # value -> (what a clone sees for it, what that was made from (:func:`_made_from`;
         # None for a value seen as it is): made again when that changes)
         self._known: dict[Any, tuple[Any, tuple[Any, ...] | None]] = {}

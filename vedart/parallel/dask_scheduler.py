@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from typing import Any
 from vedart._logging import logger
 from vedart.config import Config
 from vedart.errors import ConfigError, ParIterError, SchedulerUnavailableError
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 from vedart.offload.force import forced_path
 from vedart.parallel.batch import Batch, Reader
 from vedart.parallel.device_workers import visible_device
@@ -102,7 +103,8 @@ def _is_cuda_cluster(cluster: Any) -> bool:
 
 # One shared-memory ring per LocalCluster, for every runtime that uses it.
 _rings: weakref.WeakKeyDictionary[Any, SharedRing | None] = weakref.WeakKeyDictionary()
-_rings_lock = ForkSafeLock()
+_rings_lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_rings_lock")
 
 
 class DaskCluster:

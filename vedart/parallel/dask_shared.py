@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import sys
 import threading
 import weakref
 from collections import OrderedDict, deque
@@ -40,7 +41,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 from vedart.gpu.transfer import TransferEngine, current_engine
-from vedart.locks import ForkSafeLock
+from vedart.locks import renew_in_child
 from vedart.parallel.batch import Batch
 from vedart.parallel.byte_ring import ByteRing, aligned
 from vedart.parallel.device_workers import (
@@ -61,7 +62,8 @@ COPY_THREADS = 4             # threads copying a batch's buffers into the ring
 _mapped: OrderedDict[str, memoryview] = OrderedDict()  # in a worker: ring name -> its mapping
 # In a worker: ring name -> the transfer engine that page-locked it (it unlocks at its close).
 _registered_by: weakref.WeakValueDictionary[str, TransferEngine] = weakref.WeakValueDictionary()
-_mapped_lock = ForkSafeLock()
+_mapped_lock = threading.Lock()
+renew_in_child(sys.modules[__name__], "_mapped_lock")
 
 
 @dataclass(frozen=True)
