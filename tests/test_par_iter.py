@@ -251,6 +251,25 @@ def test_index_is_the_source_index_after_filter_and_flat_map() -> None:
     assert (caught.value.index, caught.value.stage) == (13, "#3 map(fail_on_13)")
 
 
+@pytest.mark.parametrize("later", ["map", "filter"])
+def test_a_later_stage_failing_on_one_value_of_a_flat_map_fails_that_value_alone(
+        later: str) -> None:
+    def reciprocal(x: int) -> float:
+        return 1 / x
+
+    def stages(pipeline: Any) -> Any:
+        return pipeline.map(reciprocal) if later == "map" else pipeline.filter(reciprocal)
+
+    lists = [[1, 0, 2], [4]]
+    fused = stages(par_iter(lists).flat_map(lambda values: values))
+    unfused = stages(par_iter(lists).flat_map(lambda values: values).take(99))
+    kept = [1.0, 0.5, 0.25] if later == "map" else [1, 2, 4]
+    assert fused.collect(errors="skip") == unfused.collect(errors="skip") == kept
+    returned = fused.collect(errors="return")
+    assert [value for value in returned if not isinstance(value, Exception)] == kept
+    assert [type(value) for value in returned].index(ZeroDivisionError) == 1
+
+
 def test_first_failure_in_input_order_is_raised() -> None:
     def fail_late_slowly(x: int) -> int:
         if x == 3:

@@ -1,8 +1,10 @@
 """Element-wise stages (map, filter, flat_map) fused into one function over a batch, so a run
 of them costs one task per batch rather than one per stage or per item.
 
-An item whose function raises becomes an :class:`ItemFailure` in its place (whatever it had
-produced in earlier fused stages is dropped); items that failed upstream pass through untouched.
+An item whose function raises becomes an :class:`ItemFailure` in its place; items that failed
+upstream pass through untouched. After a ``flat_map``, each value it produced is an item of its
+own: a later stage failing on one of them fails that one alone, as it would were the stages not
+fused (a ``take`` between them stops fusion).
 """
 
 from __future__ import annotations
@@ -78,22 +80,40 @@ def _fused_batch(steps: tuple[Step, ...], batch: Batch) -> Batch:
     origins: list[int] = []
     failures: dict[int, ItemFailure] = {}
     for position, (item, origin) in enumerate(zip(batch.items, batch.origins)):
-        outcome = batch.failures.get(position) or _apply(steps, item, origin)
-        if isinstance(outcome, ItemFailure):
-            failures[len(values)] = outcome
-            values.append(outcome)
-            origins.append(origin)
-        else:
-            values.extend(outcome)
-            origins.extend([origin] * len(outcome))
+        failed = batch.failures.get(position)
+        outcome, any_failed = ([failed], True) if failed is not None else \
+            _apply(steps, item, origin)
+        if any_failed:
+            for offset, value in enumerate(outcome):
+                if isinstance(value, ItemFailure):
+                    failures[len(values) + offset] = value
+        values.extend(outcome)
+        origins.extend([origin] * len(outcome))
     return Batch(values, origins, failures)
 
 
-def _apply(steps: tuple[Step, ...], item: Any, origin: int) -> list[Any] | ItemFailure:
+def _apply(steps: tuple[Step, ...], item: Any, origin: int) -> tuple[list[Any], bool]:
+    """What ``steps`` make of ``item``: its values, each an item of its own for the next step,
+    with an :class:`ItemFailure` in the place of each value a step failed on; and whether any
+    step failed."""
     values = [item]
+    any_failed = False
     for step in steps:
-        try:
-            values = step.apply(values)
-        except Exception as error:
-            return ItemFailure(origin, step.label, error)
-    return values
+        if not any_failed and len(values) == 1:  # the common case: one value, no failure
+            try:
+                values = step.apply(values)
+            except Exception as error:
+                values, any_failed = [ItemFailure(origin, step.label, error)], True
+            continue
+        produced: list[Any] = []
+        for value in values:
+            if isinstance(value, ItemFailure):
+                produced.append(value)
+                continue
+            try:
+                produced.extend(step.apply([value]))
+            except Exception as error:
+                produced.append(ItemFailure(origin, step.label, error))
+                any_failed = True
+        values = produced
+    return values, any_failed
