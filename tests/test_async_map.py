@@ -161,3 +161,36 @@ def test_a_bad_concurrency_is_refused_before_anything_runs(concurrency: Any) -> 
     with pytest.raises(TypeError, match=r"async_map\(f\): got 3 of type int; allowed: a callable"):
         par_iter([1]).async_map(3)  # type: ignore[arg-type]
     assert DEFAULT_CONCURRENCY >= 1
+
+
+def test_shutdown_during_an_async_map_pipeline_raises_par_iter_error() -> None:
+    started = threading.Event()
+    cancelled: list[int] = []
+
+    async def slow(x: int) -> int:
+        started.set()
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            cancelled.append(x)
+            raise
+        return x
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = par_iter(range(2_000)).async_map(slow, concurrency=2).collect()
+        except ParIterError as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(10)
+    veda.shutdown()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert "scheduler was shut down" in str(outcome.get("error")), outcome.keys()
+    assert not [each.name for each in threading.enumerate()
+                if each.name.startswith("vedart-async-map")]
+    assert par_iter(range(3)).async_map(slow).collect() == [0, 1, 2]  # a new runtime

@@ -270,6 +270,37 @@ def test_a_later_stage_failing_on_one_value_of_a_flat_map_fails_that_value_alone
     assert [type(value) for value in returned].index(ZeroDivisionError) == 1
 
 
+def test_a_source_longer_than_len_can_tell_runs_as_any_other() -> None:
+    assert par_iter(range(2**63)).any()
+    assert par_iter(range(2**63)).async_map(str).any()
+    assert par_iter(range(2**63)).map(str).take(3).collect(progress=True) == ["0", "1", "2"]
+    assert not [thread.name for thread in threading.enumerate()
+                if thread.name.startswith("vedart-async-map")]
+
+
+@pytest.mark.parametrize("progress", ["no", 0, 2, "True"])
+def test_collect_progress_must_be_none_or_a_bool(progress: Any) -> None:
+    with pytest.raises(ConfigError, match=r"collect\(progress\): got .*; allowed: None "
+                       r"\(the runtime's Config.progress\), True or False"):
+        par_iter([1, 2]).collect(progress=progress)
+
+
+class OldStyleSequence:
+    """Iterable through ``__getitem__`` alone, as ``iter`` accepts."""
+
+    def __getitem__(self, index: int) -> int:
+        if index >= 3:
+            raise IndexError(index)
+        return index * 10
+
+
+def test_a_sequence_with_getitem_alone_is_iterable_as_for_the_builtins() -> None:
+    assert par_iter(OldStyleSequence()).map(lambda x: x + 1).collect() == [1, 11, 21]
+    assert par_iter("ab").zip(OldStyleSequence()).collect() == [("a", 0), ("b", 10)]
+    with pytest.raises(TypeError, match=r"par_iter: got 5 of type int; allowed: an iterable"):
+        par_iter(5)  # type: ignore[arg-type]
+
+
 def test_first_failure_in_input_order_is_raised() -> None:
     def fail_late_slowly(x: int) -> int:
         if x == 3:

@@ -12,12 +12,14 @@ up while it runs, so CPU work belongs in ``map``. An item whose call raises an E
 becomes an :class:`~vedart.parallel.batch.ItemFailure` naming this stage, as in the other
 stages; KeyboardInterrupt, SystemExit and the like reach the terminal's caller as they are.
 Closing the pipeline early cancels the calls still under way (their ``finally`` blocks run)
-and joins the loop's thread.
+and joins the loop's thread. Shutting the runtime down (``veda.shutdown()``, ``veda.init()``)
+does the same to a pipeline still running, which raises ``ParIterError`` as a ``map`` does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 from collections.abc import Callable
@@ -26,10 +28,11 @@ from functools import partial
 from typing import Any
 
 from vedart.parallel.batch import Batch, ItemFailure, Reader
-from vedart.parallel.scheduler import ChunkPolicy, ItemwiseReader
+from vedart.parallel.scheduler import ChunkPolicy, ItemwiseReader, Scheduler
 from vedart.tasks import Task
 
 DEFAULT_CONCURRENCY = 64  # calls in flight: enough to overlap network or disk waits widely
+_SHUT_DOWN = object()  # a call's outcome when the runtime's shutdown cancelled it
 
 
 class _Slot:
@@ -52,10 +55,13 @@ class AsyncMapReader(ItemwiseReader):
     """The async_map stage (see the module docstring)."""
 
     def __init__(self, upstream: Reader, function: Callable[[Any], Any], label: str,
-                 concurrency: int, chunks: ChunkPolicy) -> None:
+                 concurrency: int, chunks: ChunkPolicy, scheduler: Scheduler) -> None:
         super().__init__(upstream, concurrency, chunks)
         self._function = function
         self.label = label
+        self._stopped = False  # the runtime shut down: no item is started any more
+        self._dispatching = threading.Lock()  # no item is sent to the loop once stopped
+        scheduler.attach(self)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, daemon=True,
                                         name="vedart-async-map")
@@ -83,41 +89,70 @@ class AsyncMapReader(ItemwiseReader):
             return
         slot = _Slot()
         task: Task[Batch] = Task(slot.take, helpable=False)
-        # The caller's context (a veda.force block, say) applies to the call.
-        self._loop.call_soon_threadsafe(self._start, item, origin, slot, task, copy_context())
-        self._push(task)
+        with self._dispatching:
+            if self._stopped:
+                task = Task.cancelled()
+            else:  # the caller's context (a veda.force block, say) applies to the call
+                self._loop.call_soon_threadsafe(self._start, item, origin, slot, task,
+                                                copy_context())
+            self._push(task)
 
     def _start(self, item: Any, origin: int, slot: _Slot, task: Task[Batch],
                context: Context) -> None:
-        """On the loop: start the item's call as an asyncio task in ``context``."""
+        """On the loop: start the item's call as an asyncio task in ``context`` (not when the
+        runtime has shut down since the item was sent)."""
+        if self._stopped:
+            task.cancel()
+            return
         running = context.run(self._loop.create_task, self._call(item, origin))
         running.add_done_callback(partial(_deliver, slot, task))
 
-    async def _call(self, item: Any, origin: int) -> Batch | BaseException:
+    async def _call(self, item: Any, origin: int) -> Batch | BaseException | object:
         try:
             value = self._function(item)
             if inspect.isawaitable(value):
                 value = await value
         except (Exception, asyncio.CancelledError) as error:  # a cancelled await fails its item
+            if self._stopped and isinstance(error, asyncio.CancelledError):
+                return _SHUT_DOWN
             failure = ItemFailure(origin, self.label, error)
             return Batch([failure], [origin], {0: failure})
         except BaseException as error:  # noqa: BLE001  # raised out of the loop, it would
             return error  # stop it and leave the other items' tasks waiting forever
         return Batch([value], [origin])
 
+    def stop(self) -> None:
+        """The runtime shut down: cancel the items not delivered yet (the terminal raises
+        ParIterError) and stop the loop, which cancels the calls under way; :meth:`close`
+        joins its thread."""
+        with self._dispatching:
+            self._stopped = True
+            for task in list(self._tasks):  # a copy: the terminal's thread takes from it
+                task.cancel()
+        self._stop_loop()
+
     def close(self) -> None:
         super().close()
-        if self._loop.is_closed() or self._thread is threading.current_thread():
+        if self._thread is threading.current_thread():
             return
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._stop_loop()
         self._thread.join()
 
+    def _stop_loop(self) -> None:
+        with contextlib.suppress(RuntimeError):  # closed already
+            self._loop.call_soon_threadsafe(self._loop.stop)
 
-def _deliver(slot: _Slot, task: Task[Batch], running: asyncio.Task[Batch | BaseException]
-             ) -> None:
-    """Hand an item's outcome to its task (not run when the pipeline was closed meanwhile)."""
+
+def _deliver(slot: _Slot, task: Task[Batch],
+             running: asyncio.Task[Batch | BaseException | object]) -> None:
+    """Hand an item's outcome to its task (not run when the pipeline was closed meanwhile;
+    cancelled when the runtime's shutdown cancelled its call)."""
     if running.cancelled():  # cancelled before it started: only when the pipeline closed
         return
-    slot.outcome = running.result()
+    outcome = running.result()
+    if outcome is _SHUT_DOWN:
+        task.cancel()
+        return
+    slot.outcome = outcome  # type: ignore[assignment]
     if task.claim():
         task.run()

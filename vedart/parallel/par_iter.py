@@ -99,13 +99,19 @@ def _check_int(where: str, value: Any, minimum: int, allowed: str | None = None)
     return value
 
 
+def _iterable(value: Any) -> bool:
+    """Whether ``iter(value)`` works by the type alone: ``__iter__``, or the sequence protocol
+    (``__getitem__`` from 0), as the builtins accept."""
+    return isinstance(value, Iterable) or hasattr(type(value), "__getitem__")
+
+
 def par_iter(iterable: Iterable[T], chunk_size: int | None = None) -> ParIter[T]:
     """A lazy parallel pipeline over ``iterable``.
 
     ``chunk_size``: items per scheduled task; None (default) sizes tasks automatically from
     measured item times, so tiny items share a task and costly ones get one each.
     """
-    if not isinstance(iterable, Iterable):
+    if not _iterable(iterable):
         raise TypeError(f"par_iter: got {iterable!r} of type {type(iterable).__name__}; "
                         "allowed: an iterable")
     if chunk_size is not None:
@@ -171,7 +177,7 @@ class ParIter(Generic[T]):
     def zip(self, *others: Iterable[Any]) -> ParIter[tuple[Any, ...]]:
         """``(item, other_1_item, ...)`` tuples, ending with the shortest input."""
         for number, other in enumerate(others, 1):
-            if not isinstance(other, Iterable):
+            if not _iterable(other):
                 raise TypeError(f"zip(*others): argument {number} is {other!r} of type "
                                 f"{type(other).__name__}; allowed: iterables")
         return self._then("zip", "zip", argument=others)
@@ -208,6 +214,9 @@ class ParIter(Generic[T]):
         if errors not in ERROR_MODES:
             raise ConfigError(f"collect(errors): got {errors!r}; allowed: "
                               + ", ".join(repr(mode) for mode in ERROR_MODES))
+        if not (progress is None or isinstance(progress, bool)):
+            raise ConfigError(f"collect(progress): got {progress!r}; allowed: None (the "
+                              "runtime's Config.progress), True or False")
         with self._batches(progress=progress) as batches:
             if errors == "raise":
                 return list(_items(batches))
@@ -328,8 +337,12 @@ class ParIter(Generic[T]):
                  progress: bool | None = None) -> Iterator[Iterator[Batch]]:
         runtime = get_runtime()
         reader = self._build(runtime, terminal)
-        display = open_progress(runtime.config.progress if progress is None else progress,
-                                self._known_length())
+        shown = runtime.config.progress if progress is None else progress
+        try:
+            display = open_progress(shown, self._known_length() if shown else None)
+        except BaseException:
+            reader.close()
+            raise
         try:
             yield _displayed(reader, display)
         finally:
@@ -369,7 +382,7 @@ class ParIter(Generic[T]):
         if stage.kind == "async_map":
             assert stage.function is not None
             return AsyncMapReader(upstream, stage.function, stage.label, stage.argument,
-                                  ChunkPolicy(self._chunk_size))
+                                  ChunkPolicy(self._chunk_size), runtime.scheduler)
         if stage.kind != "gpu_map":
             return _POSITIONAL[stage.kind](upstream, stage)
         assert runtime.gpu
@@ -396,9 +409,14 @@ class ParIter(Generic[T]):
                             ChunkPolicy(self._chunk_size), stage.argument)
 
     def _known_length(self) -> int | None:
+        """The number of items, where the source tells it and every stage keeps it (None
+        otherwise, or when ``len`` cannot say, as for ``range(2**63)``)."""
         if isinstance(self._source, Sized) and all(stage.kind in _ONE_TO_ONE
                                                    for stage in self._stages):
-            return len(self._source)
+            try:
+                return len(self._source)
+            except OverflowError:
+                return None
         return None
 
 
