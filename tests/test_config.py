@@ -61,6 +61,7 @@ def test_build_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> N
         ("gpu_memory_fraction", 0, "gpu_memory_fraction: got 0;"),
         ("memory_headroom", 0.5, "memory_headroom: got 0.5; allowed: a number >= 1.0"),
         ("memory_headroom", float("nan"), "memory_headroom: got nan"),
+        ("memory_headroom", 10**400, "memory_headroom: got 1000"),
         ("fallback", "gpu", "fallback: got 'gpu'; allowed: 'cpu' or 'raise'"),
         ("cost_model", "magic", "cost_model: got 'magic'; allowed: 'static' or 'adaptive'"),
         ("scheduler", "mpi", "scheduler: got 'mpi'; allowed: 'threads' or 'dask'"),
@@ -131,7 +132,8 @@ def test_env_devices_all_means_every_visible_device() -> None:
 @pytest.mark.parametrize(
     ("text", "count"),
     [("0", 0), ("1024", 1024), ("4MB", 4_000_000), ("4 mb", 4_000_000), ("1.5GiB", 1610612736),
-     ("512KB", 512_000), (".5MB", 500_000)],
+     ("512KB", 512_000), (".5MB", 500_000), ("2.01MB", 2_010_000), ("0.29KB", 290),
+     ("9007199254740993", 9007199254740993), ("1.0000005KB", 1000)],
 )
 def test_parse_size(text: str, count: int) -> None:
     assert parse_size(text) == count

@@ -350,6 +350,16 @@ def test_outputs_restricts_copy_back() -> None:
     np.testing.assert_array_equal(out, 0)
 
 
+def test_outputs_given_as_a_generator_are_all_kept() -> None:
+    a, out = rand(20), np.zeros(20, np.float32)
+    a_before = a.copy()
+    handle = fresh(outputs=(name for name in ["out"]))
+    assert handle.options.outputs == ("out",)
+    handle(a, out)
+    np.testing.assert_array_equal(out, a_before + 1)
+    np.testing.assert_array_equal(a, a_before)
+
+
 def test_read_only_inputs_are_not_copied_back() -> None:
     a = np.broadcast_to(np.float32(2.0), (20,))
     out = np.zeros(20, np.float32)

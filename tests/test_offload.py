@@ -228,6 +228,8 @@ def test_bad_force_word(path: Any) -> None:
      ({"fallback": "retry"}, "fallback: got 'retry'; allowed: 'cpu' or 'raise'"),
      ({"writes": "out"}, "writes: got 'out'; allowed: a tuple of parameter names"),
      ({"writes": ("nope",)}, r"writes: got \['nope'\]; allowed: parameter names of .* \['a', 'out'\]"),
+     ({"writes": (name for name in ["nope"])},
+      r"writes: got \['nope'\]; allowed: parameter names of .* \['a', 'out'\]"),
      ({"returns": "disk"}, "returns: got 'disk'; allowed: 'host' or 'device'")],
 )
 def test_bad_options_raise_config_error_naming_the_option(options: dict[str, Any],

@@ -167,6 +167,16 @@ class FieldSpec:
         return self.validate(parsed, origin=self.env_var)
 
 
+def parameter_names(field_name: str, value: Any, allowed: str) -> tuple[str, ...]:
+    """``value``, an iterable of parameter names, as a tuple (read once, so a generator is
+    kept whole); ConfigError naming ``field_name``, the value and ``allowed`` otherwise."""
+    names = None if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) \
+        else tuple(value)
+    if names is None or not all(isinstance(name, str) for name in names):
+        raise ConfigError(f"{field_name}: got {value!r}; allowed: {allowed}")
+    return names
+
+
 def _check_bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError("not a bool")
@@ -197,9 +207,15 @@ def _check_size(value: Any) -> int:
 
 
 def _real(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError("not a finite number")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past a float's range
+        raise ValueError("not a finite number") from None
+    if not math.isfinite(number):
+        raise ValueError("not a finite number")
+    return number
 
 
 def _check_optional_positive_int(value: Any) -> int | None:

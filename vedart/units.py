@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
+from fractions import Fraction
 
 _UNIT_BYTES: dict[str, int] = {
     "": 1, "b": 1,
@@ -21,13 +22,14 @@ ALLOWED_SIZE_TEXT = "a byte count (int >= 0) or a size string such as '512KB', '
 def parse_size(text: str) -> int:
     """Return the byte count that ``text`` (e.g. ``"4MB"``, ``"1.5 GiB"``, ``"1024"``) names.
 
-    Raises ``ValueError`` for anything else (unknown unit, negative number, empty string).
+    A fraction of a byte is dropped. Raises ``ValueError`` for anything else (unknown unit,
+    negative number, empty string).
     """
     match = _SIZE_PATTERN.match(text)
     if match is None or match.group(2).lower() not in _UNIT_BYTES:
         raise ValueError(f"not a size: {text!r}")
     number, unit = match.groups()
-    return int(float(number) * _UNIT_BYTES[unit.lower()])
+    return int(Fraction(number) * _UNIT_BYTES[unit.lower()])  # exact: "2.01MB" is 2_010_000
 
 
 def format_bytes(count: float) -> str:

@@ -34,6 +34,7 @@ from vedart import lifecycle
 from vedart._logging import logger
 from vedart.backends import Backend, CPUBackend
 from vedart.backends.dims import CUDA_LIMITS, LaunchDims, launch_dims
+from vedart.config import parameter_names
 from vedart.errors import (
     ConfigError,
     GPUUnavailableError,
@@ -90,11 +91,8 @@ class KernelOptions:
         if size_from is not None and not isinstance(size_from, str):
             raise ConfigError(f"size_from: got {size_from!r}; allowed: None or a parameter name")
         if outputs is not None:
-            if isinstance(outputs, str) or not isinstance(outputs, Iterable) or \
-                    not all(isinstance(name, str) for name in outputs):
-                raise ConfigError(f"outputs: got {outputs!r}; allowed: None (every NumPy array "
-                                  f"argument) or a tuple of parameter names")
-            outputs = tuple(outputs)
+            outputs = parameter_names("outputs", outputs, "None (every NumPy array argument) "
+                                      "or a tuple of parameter names")
         if cpu is not None and not callable(cpu):
             raise ConfigError(f"cpu: got {cpu!r}; allowed: None or a function taking the "
                               f"kernel's arguments")

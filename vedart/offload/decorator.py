@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import numpy as np
 
 from vedart import lifecycle
-from vedart.config import FIELD_SPECS
+from vedart.config import FIELD_SPECS, parameter_names
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
 from vedart.gpu.transfer import (
     Staged,
@@ -126,9 +126,7 @@ class OffloadOptions:
             threshold = replace(FIELD_SPECS["offload_threshold"], name="threshold").validate(threshold)
         if fallback is not None:
             fallback = FIELD_SPECS["fallback"].validate(fallback)
-        if isinstance(writes, str) or not isinstance(writes, Iterable) or \
-                not all(isinstance(name, str) for name in writes):
-            raise ConfigError(f"writes: got {writes!r}; allowed: a tuple of parameter names")
+        writes = parameter_names("writes", writes, "a tuple of parameter names")
         if returns not in RETURNS:
             raise ConfigError(f"returns: got {returns!r}; allowed: 'host' or 'device'")
         if not isinstance(idempotent, bool):
@@ -138,7 +136,7 @@ class OffloadOptions:
                               "classes the function calls run on the device too) or False "
                               "(its own code only)")
         return OffloadOptions(device, threshold, check_path("force", force), fallback,
-                              tuple(writes), returns, idempotent, reach)
+                              writes, returns, idempotent, reach)
 
 
 @dataclass(frozen=True, slots=True)
