@@ -7,6 +7,7 @@ import math
 import os
 import threading
 import warnings
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import vedart as veda
 from vedart.offload import adaptive
 from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
+    CALIBRATION_FIELDS,
     CLEARLY_WORSE,
     EXPLORE_TRIES,
     EXPLORE_BUDGET,
@@ -274,13 +276,27 @@ def test_signature_and_function_key() -> None:
     assert function_key(f, "m.f").startswith("m.f@")
 
 
+def test_a_function_that_only_moved_keeps_its_key_and_an_edited_one_does_not() -> None:
+    source = "def f(x):\n    return x * 2 + (lambda y: y + 1)(x)\n"
+
+    def compiled(text: str, filename: str) -> Any:
+        namespace: dict[str, Any] = {}
+        exec(compile(text, filename, "exec"), namespace)
+        return namespace["f"]
+
+    here = function_key(compiled(source, "/project/module.py"), "module.f")
+    assert function_key(compiled("\n\n# a comment\n" + source, "module.py"), "module.f") == here
+    assert function_key(compiled(source.replace("y + 1", "y + 2"), "/project/module.py"),
+                        "module.f") != here  # the edit is in the nested lambda
+
+
 def test_persistence_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
-    model = AdaptiveModel(ProfileFile(path, "Fake GPU"))
+    model = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
     feed(model, 16 * MB, {"cpu": 0.010, "gpu": 0.002}, calls=6)
     model.set_calibration(Calibration(cpu_bytes_per_s=7e9))
     model.save()
-    reloaded = AdaptiveModel(ProfileFile(path, "Fake GPU"))
+    reloaded = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
     assert reloaded.calibration.cpu_bytes_per_s == 7e9
     assert reloaded.choose("f", SIG, 16 * MB)[0] == "gpu"
     assert "exploring" not in reloaded.choose("f", SIG, 16 * MB)[1]
@@ -291,22 +307,89 @@ def test_corrupted_profile_is_ignored_with_a_warning(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
     path.write_text("{not json")
     with pytest.warns(RuntimeWarning, match="ignoring the cost-model profile .* unreadable"):
-        model = AdaptiveModel(ProfileFile(path, "Fake GPU"))
+        model = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
     assert "exploring" in model.choose("f", SIG, MB)[1]
     model.save()
     assert json.loads(path.read_text())["gpu"] == "Fake GPU"
 
 
+GOOD_BUCKET = {"cpu": [[0.01, 1000]], "gpu": []}
+
+
+@pytest.mark.parametrize(("calibration", "functions", "why"), [
+    (None, {"f": []}, "function 'f' has no buckets"),
+    (None, {"f": {"<f8:1": GOOD_BUCKET}}, "bucket named '<f8:1', not 'signature|int'"),
+    (None, {"f": {"<f8:1|x": GOOD_BUCKET}}, "bucket named '<f8:1|x'"),
+    (None, {"f": {"<f8:1|20": {"gpu": []}}}, "not {'cpu': \\[...\\], 'gpu': \\[...\\]}"),
+    (None, {"f": {"<f8:1|20": {"cpu": [[0.01]], "gpu": []}}}, "not \\[seconds, bytes\\]"),
+    (None, {"f": {"<f8:1|20": {"cpu": [["1", 2]], "gpu": []}}}, "not \\[seconds, bytes\\]"),
+    ({"foo": 1.0}, {}, "its calibration is not positive numbers"),
+    ({"cpu_bytes_per_s": 0}, {}, "its calibration is not positive numbers"),
+    ({"cpu_bytes_per_s": None}, {}, "its calibration is not positive numbers"),
+    ([1, 2], {}, "its calibration is not positive numbers"),
+])
+def test_a_profile_malformed_inside_is_ignored_with_a_warning_and_replaced(
+        tmp_path: Path, calibration: Any, functions: Any, why: str) -> None:
+    path = tmp_path / "profile.json"
+    profile = ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS)
+    path.write_text(json.dumps({"format": 1, **profile.identity, "calibration": calibration,
+                                "functions": functions}))
+    with pytest.warns(RuntimeWarning, match=f"ignoring the cost-model profile .*: .*{why}"):
+        model = AdaptiveModel(profile)
+    assert model.calibration == Calibration()
+    assert model.choose("f", SIG, MB)[1].startswith("adaptive: exploring")
+    feed(model, MB, {"cpu": 0.010, "gpu": 0.002}, calls=6)
+    model.save()
+    assert AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS)).choose(
+        "f", SIG, MB)[0] == "gpu"
+
+
+def test_a_save_that_fails_warns_once_and_is_tried_again(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    model = AdaptiveModel(ProfileFile(blocker / "profile.json", "Fake GPU",
+                                      CALIBRATION_FIELDS))
+    feed(model, MB, {"cpu": 0.010, "gpu": 0.002}, calls=6)
+    with pytest.warns(RuntimeWarning, match="cannot save the cost-model profile .*a-file"):
+        model.save()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.save()  # fails again, quietly
+    blocker.unlink()
+    model.save()
+    saved = json.loads((blocker / "profile.json").read_text())
+    assert list(saved["functions"]) == ["f"]
+
+
+def test_a_save_keeps_what_another_process_saved_meanwhile(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    first = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    second = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    feed(first, MB, {"cpu": 0.010, "gpu": 0.002}, calls=6, key="first")
+    feed(second, MB, {"cpu": 0.001, "gpu": 0.002}, calls=6, key="second")
+    feed(second, MB, {"cpu": 0.030, "gpu": 0.002}, calls=6, key="both")
+    feed(first, MB, {"cpu": 0.001, "gpu": 0.002}, calls=6, key="both")
+    second.save()
+    first.save()
+    assert set(json.loads(path.read_text())["functions"]) == {"first", "second", "both"}
+    reloaded = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    assert reloaded.choose("first", SIG, MB)[0] == "gpu"
+    second_choice = reloaded.choose("second", SIG, MB)
+    assert second_choice[0] == "cpu" and "exploring" not in second_choice[1]
+    assert reloaded.choose("both", SIG, MB)[0] == "cpu"  # the last save's own samples
+
+
 def test_foreign_profile_is_ignored(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
-    ProfileFile(path, "Other GPU").save({"calibration": None, "functions": {"f": {}}})
+    ProfileFile(path, "Other GPU", CALIBRATION_FIELDS).save({"calibration": None,
+                                                             "functions": {"f": {}}})
     with pytest.warns(RuntimeWarning, match="written for 'Other GPU'"):
-        model = AdaptiveModel(ProfileFile(path, "Fake GPU"))
+        model = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
     assert model.choose("f", SIG, MB)[1].startswith("adaptive: exploring")
 
 
 def test_concurrent_updates_keep_a_bounded_consistent_history(tmp_path: Path) -> None:
-    model = AdaptiveModel(ProfileFile(tmp_path / "p.json", "Fake GPU"))
+    model = AdaptiveModel(ProfileFile(tmp_path / "p.json", "Fake GPU", CALIBRATION_FIELDS))
 
     def worker(seed: int) -> None:
         rng = np.random.default_rng(seed)

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+import numpy as np
 import pytest
+from fakes import FakeProbe
 
 import vedart as veda
 from vedart.config import FIELD_SPECS, Config
@@ -168,3 +171,20 @@ def test_as_dict_is_json_friendly() -> None:
 
     data = veda.Config.builder().devices([1]).build(environ={}).as_dict()
     assert json.loads(json.dumps(data))["devices"] == [1]
+
+
+def test_values_given_to_the_constructor_or_replace_are_sourced_as_such() -> None:
+    config = veda.Config(offload_threshold=8_000_000, threads=veda.Config().threads)
+    assert config.sources["offload_threshold"] == "constructor"
+    assert config.sources["threads"] == "default"  # the default value, given or not
+    replaced = dataclasses.replace(veda.Config.builder().build(), memory_headroom=3.0)
+    assert replaced.sources["memory_headroom"] == "constructor"
+    assert replaced.sources["gpu"] == "default"
+
+
+def test_a_threshold_given_to_the_constructor_is_kept_under_the_adaptive_model(
+        tmp_path: Any) -> None:
+    veda.init(veda.Config(offload_threshold=8_000_000, profile_path=str(tmp_path / "p.json")),
+              device_probe=FakeProbe())
+    small = veda.gpu(lambda x: x + 1)
+    assert small.explain(np.ones(10**5)).reason == "below threshold: 800.0 KB < 8.0 MB"

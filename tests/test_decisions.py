@@ -4,6 +4,10 @@ timings are injected through the model's interface (``observe``); the CPU's are 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -229,3 +233,16 @@ def test_a_saved_profile_starts_a_new_runtime_settled(tmp_path: Path) -> None:
     # Its small calls reach the model at once: no first call runs on the fast path.
     assert pi.explain(10).reason.startswith("adaptive: ")
     assert pi.explain(10).reason != f"below threshold: 0 B < {ADAPTIVE_FLOOR}"
+
+
+def test_a_process_that_never_shuts_down_saves_what_it_learned_at_exit(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.json"
+    program = (
+        "import vedart as veda\n"
+        f"runtime = veda.init(veda.Config.builder().profile_path({str(profile)!r}).build())\n"
+        "runtime.cost_model.observe('m.f@0', '<f8:1', 4096, 'cpu', 0.01)\n"
+    )  # and no veda.shutdown()
+    subprocess.run([sys.executable, "-c", program], check=True, timeout=120,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    saved = json.loads(profile.read_text())
+    assert saved["functions"]["m.f@0"]["<f8:1|12"]["cpu"] == [[0.01, 4096]]

@@ -16,7 +16,7 @@ import numpy as np
 
 from vedart.bench.harness import median_seconds, wait_for_staging_loop
 from vedart.lifecycle import get_runtime
-from vedart.offload.adaptive import AdaptiveModel, Calibration
+from vedart.offload.adaptive import CALIBRATION_FIELDS, AdaptiveModel, Calibration
 from vedart.offload.profile import ProfileFile, default_profile_path
 
 SAMPLE_BYTES = 64 * 2**20
@@ -65,7 +65,7 @@ def run() -> dict[str, Any]:
     path = Path(runtime.config.profile_path) if runtime.config.profile_path else \
         default_profile_path(gpu_name)
     calibration, measured = measure()
-    model = runtime.cost_model or AdaptiveModel(ProfileFile(path, gpu_name))
+    model = runtime.cost_model or AdaptiveModel(ProfileFile(path, gpu_name, CALIBRATION_FIELDS))
     model.set_calibration(calibration)
     model.save()
     return {"profile": str(path), "device_name": gpu_name, "calibration": asdict(calibration),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -68,8 +68,9 @@ class Config:
       log_level [None]: level of the ``vedart`` logger; None leaves logging alone.
       profile_path [None = user cache dir]: the adaptive cost model's profile file.
 
-    ``sources`` maps each field to where its value came from: "default", "builder" or
-    "env:VEDART_NAME". It does not take part in equality.
+    ``sources`` maps each field to where its value came from: "default", "builder",
+    "env:VEDART_NAME", or "constructor" for a value other than the default given to
+    ``Config(...)`` or ``dataclasses.replace``. It does not take part in equality.
     """
 
     gpu: bool = True
@@ -98,7 +99,16 @@ class Config:
     def __post_init__(self) -> None:
         for spec in FIELD_SPECS.values():
             object.__setattr__(self, spec.name, spec.validate(getattr(self, spec.name)))
-        known_sources = {name: self.sources.get(name, "default") for name in FIELD_SPECS}
+        known_sources = {}
+        for each in fields(self):
+            if each.name not in FIELD_SPECS:
+                continue
+            source = self.sources.get(each.name, "default")
+            if source == "default" and getattr(self, each.name) != (
+                    each.default_factory() if each.default is MISSING  # type: ignore[misc]
+                    else each.default):
+                source = "constructor"  # Config(...) or dataclasses.replace set it
+            known_sources[each.name] = source
         object.__setattr__(self, "sources", MappingProxyType(known_sources))
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 from pathlib import Path
@@ -14,7 +15,7 @@ from vedart.config import Config
 from vedart.gpu.context import GPUContext
 from vedart.gpu.devices import DeviceProbe
 from vedart.kernels.registry import KERNELS, KernelRegistry
-from vedart.offload.adaptive import AdaptiveModel
+from vedart.offload.adaptive import CALIBRATION_FIELDS, AdaptiveModel
 from vedart.offload.profile import ProfileFile, default_profile_path
 from vedart.parallel.dask_scheduler import DaskCluster
 from vedart.parallel.scheduler import Scheduler, shut_down_error
@@ -45,7 +46,7 @@ class Runtime:
             gpu_name = self.gpu.devices[0].name if self.gpu else None
             path = Path(config.profile_path) if config.profile_path else \
                 default_profile_path(gpu_name)
-            self.cost_model = AdaptiveModel(ProfileFile(path, gpu_name))
+            self.cost_model = AdaptiveModel(ProfileFile(path, gpu_name, CALIBRATION_FIELDS))
         self._closed = False
         self._scheduler: Scheduler | None = None
         self._scheduler_lock = threading.Lock()
@@ -94,6 +95,18 @@ class Runtime:
 
 
 lifecycle.register_factory(Runtime)
+
+
+def _save_learning_at_exit() -> None:
+    """At interpreter exit, write what the current runtime's cost model learned since its
+    last save (a program need not call ``veda.shutdown()`` for the next one to start from
+    it)."""
+    runtime = lifecycle.current
+    if runtime is not None and runtime.cost_model is not None:
+        runtime.cost_model.save()
+
+
+atexit.register(_save_learning_at_exit)
 
 
 def empty_cache() -> None:

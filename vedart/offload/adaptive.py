@@ -48,8 +48,9 @@ import marshal
 import math
 import threading
 import time
+import types
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -114,15 +115,36 @@ class Calibration:
                 + nbytes / self.d2h_bytes_per_s + nbytes / self.gpu_bytes_per_s)
 
 
+CALIBRATION_FIELDS = frozenset(each.name for each in fields(Calibration))
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
 def function_key(func: Callable[..., Any], qualified_name: str) -> str:
-    """``qualified_name`` plus a hash of the function's code, so edited code learns afresh."""
+    """``qualified_name`` plus a hash of the function's code, so edited code learns afresh;
+    code that only moved (other lines above it, another path to its file) keeps its key."""
     code = getattr(getattr(func, "func", func), "__code__", None)
-    digest = hashlib.sha1(marshal.dumps(code)).hexdigest()[:12] if code is not None else "nocode"
-    return f"{qualified_name}@{digest}"
+    if code is None:
+        return f"{qualified_name}@nocode"
+    digest = hashlib.sha1()
+    _hash_code(code, digest)
+    return f"{qualified_name}@{digest.hexdigest()[:12]}"
+
+
+def _hash_code(code: types.CodeType, digest: Any) -> None:
+    """Feed ``digest`` what ``code`` does: its bytecode, names, arguments, and constants
+    (nested functions' code the same way), without its file name or line numbers."""
+    digest.update(code.co_code)
+    digest.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+                        code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+                        code.co_flags)).encode())
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            _hash_code(constant, digest)
+        else:
+            digest.update(marshal.dumps(constant))
 
 
 def size_bucket(nbytes: int) -> int:
@@ -608,4 +630,6 @@ class AdaptiveModel:
                         "functions": {key: {name: {path: list(times) for path, times in s.items()}
                                             for name, s in buckets.items()}
                                       for key, buckets in self._data["functions"].items()}}
-        self._profile.save(snapshot)
+        if not self._profile.save(snapshot):  # warned; tried again at the next save
+            with self._lock:
+                self._unsaved = True

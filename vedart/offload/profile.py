@@ -2,13 +2,16 @@
 
 One JSON file per machine (GPU name + CPU model), by default under the user's cache directory
 (``$XDG_CACHE_HOME/vedart`` or ``~/.cache/vedart``). Writes are atomic (a temporary file
-renamed over the old one). A file that is unreadable, malformed, or written for another GPU or
-CPU is ignored with a warning and replaced on the next save.
+renamed over the old one), and keep what other processes saved since this one read the file
+(the functions and buckets this one has not learned). A file that is unreadable, malformed
+anywhere, or written for another GPU or CPU is ignored with a warning and replaced on the
+next save; a save that fails (an unwritable directory) warns once and is tried again later.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -39,36 +42,86 @@ def default_profile_path(gpu_name: str | None) -> Path:
     return cache / f"profile-{slug[:120]}.json"
 
 
+def _number(value: Any, positive: bool = False) -> bool:
+    """Whether ``value`` is a finite int or float (not a bool), >= 0 (> 0 with ``positive``)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and \
+        math.isfinite(value) and (value > 0 if positive else value >= 0)
+
+
+def _samples_problem(samples: Any) -> str | None:
+    """What is wrong with one bucket's ``{"cpu": [[seconds, nbytes], ...], "gpu": [...]}``."""
+    if not isinstance(samples, dict) or set(samples) != {"cpu", "gpu"}:
+        return "a bucket is not {'cpu': [...], 'gpu': [...]}"
+    for timings in samples.values():
+        if not isinstance(timings, list) or not all(
+                isinstance(sample, list) and len(sample) == 2 and all(map(_number, sample))
+                for sample in timings):
+            return "a sample is not [seconds, bytes] of numbers >= 0"
+    return None
+
+
+def profile_problem(data: Any, calibration_fields: frozenset[str]) -> str | None:
+    """What makes ``data`` no profile of this format (None: nothing): the format, a calibration
+    of ``calibration_fields`` with positive numbers, functions mapping keys to buckets named
+    ``signature|int`` of valid samples."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION or \
+            not isinstance(data.get("functions"), dict):
+        return "not a vedart profile of this format"
+    calibration = data.get("calibration")
+    if calibration is not None and not (
+            isinstance(calibration, dict) and set(calibration) <= calibration_fields
+            and all(_number(value, positive=True) for value in calibration.values())):
+        return f"its calibration is not positive numbers of {sorted(calibration_fields)}"
+    for key, buckets in data["functions"].items():
+        if not isinstance(buckets, dict):
+            return f"function {key!r} has no buckets"
+        for name, samples in buckets.items():
+            signature, _, bucket = name.rpartition("|")
+            if not signature or not bucket.isdigit():
+                return f"function {key!r} has a bucket named {name!r}, not 'signature|int'"
+            problem = _samples_problem(samples)
+            if problem is not None:
+                return f"function {key!r}, bucket {name!r}: {problem}"
+    return None
+
+
 class ProfileFile:
     """Reads and atomically writes one profile: ``{"format", "gpu", "cpu", "calibration",
-    "functions"}``."""
+    "functions"}``, whose calibration holds ``calibration_fields``."""
 
-    def __init__(self, path: Path, gpu_name: str | None) -> None:
+    def __init__(self, path: Path, gpu_name: str | None,
+                 calibration_fields: frozenset[str]) -> None:
         self.path = path
         self.identity = {"gpu": gpu_name, "cpu": cpu_model()}
+        self.calibration_fields = calibration_fields
         self.rejected = False  # the last load ignored an existing file
+        self._save_failed = False  # a save failed (warned once)
 
     def load(self) -> dict[str, Any]:
         """The stored profile, or an empty one (with a warning when a file was rejected)."""
         empty: dict[str, Any] = {"format": FORMAT_VERSION, **self.identity, "calibration": None,
                                  "functions": {}}
+        data, why = self._read()
+        if why is not None:
+            self._reject(why)
+        return empty if data is None else data
+
+    def _read(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The file's profile for this machine (None when there is none), and why a file that
+        exists is not one (None when it is, or when there is no file)."""
         if not self.path.exists():
-            return empty
+            return None, None
         try:
             data = json.loads(self.path.read_text())
-            valid = (isinstance(data, dict) and data.get("format") == FORMAT_VERSION
-                     and isinstance(data.get("functions"), dict))
         except (OSError, ValueError) as error:
-            self._reject(f"unreadable ({error})")
-            return empty
-        if not valid:
-            self._reject("not a vedart profile of this format")
-            return empty
+            return None, f"unreadable ({error})"
+        problem = profile_problem(data, self.calibration_fields)
+        if problem is not None:
+            return None, problem
         if {key: data.get(key) for key in self.identity} != self.identity:
-            self._reject(f"written for {data.get('gpu')!r} / {data.get('cpu')!r}, "
-                         f"not this machine's {self.identity['gpu']!r} / {self.identity['cpu']!r}")
-            return empty
-        return data
+            return None, (f"written for {data.get('gpu')!r} / {data.get('cpu')!r}, not this "
+                          f"machine's {self.identity['gpu']!r} / {self.identity['cpu']!r}")
+        return data, None
 
     def _reject(self, why: str) -> None:
         self.rejected = True
@@ -76,16 +129,35 @@ class ProfileFile:
         logger.warning(message)
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
-    def save(self, data: dict[str, Any]) -> None:
-        """Write ``data`` atomically; the identity fields are set from this machine."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        payload = json.dumps({**data, "format": FORMAT_VERSION, **self.identity})
-        handle, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".profile-",
-                                             suffix=".tmp")
+    def save(self, data: dict[str, Any]) -> bool:
+        """Write ``data`` atomically, with the functions and buckets the file holds that
+        ``data`` lacks (another process's); the identity fields are set from this machine.
+        Whether it was written: a failure (an unwritable directory) warns the first time."""
+        stored, _ = self._read()
+        functions = {key: dict(buckets) for key, buckets in data["functions"].items()}
+        for key, buckets in (stored or {}).get("functions", {}).items():
+            for name, samples in buckets.items():
+                functions.setdefault(key, {}).setdefault(name, samples)
+        payload = json.dumps({**data, "functions": functions, "format": FORMAT_VERSION,
+                              **self.identity})
         try:
-            with os.fdopen(handle, "w") as stream:
-                stream.write(payload)
-            os.replace(temporary, self.path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".profile-",
+                                                 suffix=".tmp")
+            try:
+                with os.fdopen(handle, "w") as stream:
+                    stream.write(payload)
+                os.replace(temporary, self.path)
+            except BaseException:
+                Path(temporary).unlink(missing_ok=True)
+                raise
+        except OSError as error:
+            if not self._save_failed:
+                self._save_failed = True
+                message = (f"cannot save the cost-model profile {self.path} ({error}); what "
+                           "this process learns is kept in memory and saving is tried again "
+                           "later (Config.profile_path sets another file)")
+                logger.warning(message)
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+            return False
+        return True
