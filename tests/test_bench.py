@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -85,6 +86,11 @@ def test_overhead_suite_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (["bench", "nope"], "invalid choice: 'nope'"),
     (["bench", "ops", "--cold"], "--cold applies to the transfer suite only"),
     (["bench", "transfer", "--cold", "--sweep"], "--sweep times warm transfers: not with --cold"),
+    (["bench", "overhead", "--json", "/nonexistent-folder/x.json"],
+     "--json: cannot write '/nonexistent-folder/x.json' (its folder is missing or not "
+     "writable)"),
+    (["bench", "ops", "--plot", "/nonexistent-folder/x.png"], "--plot: cannot write"),
+    (["bench", "overhead", "--json", "."], "--json: cannot write '.'"),
 ])
 def test_bench_usage_errors(args: list[str], message: str,
                             capsys: pytest.CaptureFixture[str]) -> None:
@@ -266,3 +272,13 @@ def test_dask_bench_without_dask_cuda_names_the_gpu_it_found(
     assert result["device_name"] == probe.devices[0].name
     assert result["gpu_map"] is None
     assert result["gpu_note"].startswith("dask-cuda not installed")
+
+
+def test_bench_plot_without_matplotlib_is_a_usage_error_before_the_run(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # "not installed"
+    monkeypatch.setattr(ops, "run", lambda **options: pytest.fail("the suite ran"))
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "ops", "--quick", "--plot", "ops.png"])
+    assert exited.value.code == 2
+    assert "--plot needs matplotlib (pip install 'vedart[plot]')" in capsys.readouterr().err

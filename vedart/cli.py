@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -147,6 +149,14 @@ def _calibrate(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _writable_place(path: str) -> bool:
+    """Whether a file can be written at ``path``: its folder exists and takes new files, and
+    the path is no folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK) and \
+        not os.path.isdir(path)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vedart", description="vedart command line")
     parser.add_argument("--version", action="version", version=f"vedart {__version__}")
@@ -187,6 +197,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--sweep times warm transfers: not with --cold")
     if getattr(arguments, "plot", None) and arguments.suite != "ops":
         parser.error("--plot applies to the ops suite only")
+    if getattr(arguments, "plot", None) and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib (pip install 'vedart[plot]')")
+    for option in ("json", "plot") if arguments.command == "bench" else ():
+        output = getattr(arguments, option)  # checked before a run of minutes, not after it
+        if output and not _writable_place(output):
+            parser.error(f"--{option}: cannot write {output!r} (its folder is missing or "
+                         "not writable)")
     try:
         return int(arguments.handler(arguments))
     except VedaError as error:
