@@ -69,3 +69,23 @@ def same_array(matrix: np.ndarray) -> np.ndarray:
 def held_total(holder: Any) -> float:
     """The sum of the ``matrix`` attribute of ``holder`` (an object of any class)."""
     return float(holder.matrix.sum())
+
+
+def overwrite_late_unless_first(values: np.ndarray) -> int:
+    """Fails at once on an item starting with 0; else writes over its item after a second, as
+    a task cancelled meanwhile still does on its worker."""
+    if values[0] == 0:
+        raise ValueError("the first item fails at once")
+    time.sleep(1.0)
+    values[:] = -1.0
+    return 0
+
+
+def slow_total(values: np.ndarray) -> float:
+    time.sleep(1.5)
+    return float(values.sum())
+
+
+def half_second_identity(x: int) -> int:
+    time.sleep(0.5)
+    return x

@@ -21,12 +21,15 @@ import psutil
 import pytest
 from dask_functions import (
     fails_on_seven,
+    half_second_identity,
     held_total,
     is_even,
+    overwrite_late_unless_first,
     repeat_twice,
     same_array,
     scaled_column_sums,
     slow_identity,
+    slow_total,
     square,
     with_pid,
     worker_gpu_setting,
@@ -309,6 +312,18 @@ def test_an_embedded_clusters_large_batches_travel_through_shared_memory(
 
 
 @pytest.mark.skipif(not os.path.isdir(SHM_DIRECTORY), reason="no /dev/shm")
+def test_a_cancelled_task_still_running_cannot_write_into_the_next_pipelines_items() -> None:
+    veda.init(veda.Config.builder().scheduler("dask").dask_cluster("cpu").dask_workers(2)
+              .build())
+    first = [np.zeros(1_000_000), np.ones(1_000_000)]  # 8 MB each: through the ring
+    with pytest.raises(veda.ParIterError, match="the first item fails at once"):
+        veda.par_iter(first).map(overwrite_late_unless_first).collect()
+    second = [np.ones(1_000_000) for _ in range(2)]  # the same spans, while item 1 runs on
+    assert veda.par_iter(second).map(slow_total).collect() == [1e6, 1e6]
+    veda.shutdown()
+
+
+@pytest.mark.skipif(not os.path.isdir(SHM_DIRECTORY), reason="no /dev/shm")
 def test_a_span_is_reused_only_once_it_and_every_older_one_are_released(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from vedart.parallel import dask_shared
@@ -499,3 +514,21 @@ def test_a_workers_config_keeps_the_clients_settings_and_drops_what_is_the_clien
             on_cpu.progress, on_cpu.device_processes) == ("threads", None, 3, None, False, False)
     assert on_cpu.offload_threshold == 5_000_000
     assert worker_config(client_side, 1, own_gpu=True).devices == (0,)  # dask-cuda: its own
+
+
+@pytest.mark.parametrize("stop", ["shutdown", "close the client"])
+@pytest.mark.parametrize("errors", ["skip", "raise"])
+def test_a_pipeline_on_a_callers_client_stopped_midway_raises_and_loses_nothing_silently(
+        cluster: Any, stop: str, errors: str) -> None:
+    with distributed.Client(cluster, set_as_default=False) as own:
+        on_dask(own)
+        stopper = threading.Timer(0.3, veda.shutdown if stop == "shutdown" else own.close)
+        stopper.start()
+        try:
+            with pytest.raises(veda.ParIterError, match="par_iter cancelled: the "
+                               + ("runtime's scheduler was shut down" if stop == "shutdown"
+                                  else "Dask scheduler at tcp://.* went away")):
+                veda.par_iter(range(8), chunk_size=1).map(half_second_identity).collect(
+                    errors=errors)
+        finally:
+            stopper.join()

@@ -186,8 +186,9 @@ def run_batch(steps: bytes, batch: Batch | SharedBatch, forced: str | None
     """The Dask task: the chain ``steps`` over ``batch`` (loaded first when it came through
     shared memory) under ``veda.force(forced)``, and the seconds it took."""
     chain = _loaded(steps)
-    if isinstance(batch, SharedBatch):
-        batch = batch.load()
+    if isinstance(batch, SharedBatch):  # views for uploads to a GPU, else a copy (load())
+        batch = batch.load(private=not (get_runtime().gpu and any(
+            is_gpu_wrapper(step.function) for step in chain)))
     token = forced_path.set(forced)
     try:
         started = time.perf_counter()

@@ -42,7 +42,7 @@ from vedart.parallel.device_workers import visible_device
 from vedart.parallel.dask_payload import check_batch, encode_steps, failed_batch, run_batch
 from vedart.parallel.dask_shared import SharedRing
 from vedart.parallel.elementwise import Step
-from vedart.parallel.scheduler import ChunkPolicy, WindowedReader
+from vedart.parallel.scheduler import ChunkPolicy, WindowedReader, shut_down_error
 from vedart.telemetry import Telemetry
 
 # Between two tasks a worker idles 10-25 ms when its tasks hold the GIL (its event loop waits
@@ -116,6 +116,9 @@ class DaskCluster:
         self.cluster = cluster
         self._owns_client = owns_client
         self._timeout = timeout
+        # Kept: a closed client forgets its scheduler, and errors still name it then.
+        self._address = str(client.scheduler.address)
+        self._closed = False  # the runtime closed it (veda.shutdown() or veda.init())
 
     def local_cluster(self) -> Any:
         """The ``LocalCluster`` (dask-cuda's included) of this host that the workers belong
@@ -187,7 +190,7 @@ class DaskCluster:
 
     @property
     def address(self) -> str:
-        return str(self.client.scheduler.address)
+        return self._address
 
     def threads(self) -> int:
         """Task threads over all workers now (at least 1)."""
@@ -195,26 +198,35 @@ class DaskCluster:
 
     def result(self, future: Any) -> Any:
         """``future``'s result; ParIterError once the scheduler has not answered for the
-        timeout. A task that failed raises its exception."""
+        timeout, or the client was closed, or the runtime shut down while it waited. A task
+        that failed raises its exception."""
         silent_since: float | None = None
         while True:
             try:
                 return future.result(timeout=POLL_S)
             except TimeoutError:
+                if self._closed:  # veda.shutdown(), on a client that stays open
+                    raise shut_down_error() from None
                 if self.client.status == "running":
                     silent_since = None
                     continue
+                if self.client.status in ("closing", "closed"):  # no answer will come
+                    raise self.gone("the client was closed") from None
             except Exception as error:
                 if self.client.status == "running":
                     raise
-                raise self._gone(f"the connection was lost ({type(error).__name__}: "
+                raise self.gone(f"the connection was lost ({type(error).__name__}: "
                                  f"{error})") from error
             now = time.monotonic()
             silent_since = now if silent_since is None else silent_since
             if now - silent_since >= self._timeout:
-                raise self._gone(f"it has not answered for {now - silent_since:.1f} s")
+                raise self.gone(f"it has not answered for {now - silent_since:.1f} s")
 
-    def _gone(self, what: str) -> ParIterError:
+    def gone(self, what: str) -> ParIterError:
+        """The error of a pipeline whose scheduler stopped answering (``what`` says how), or
+        whose runtime was shut down meanwhile."""
+        if self._closed:
+            return shut_down_error()
         return ParIterError(f"par_iter cancelled: the Dask scheduler at {self.address} went "
                             f"away: {what} (client status {self.client.status!r}, "
                             f"dask_timeout={self._timeout:g} s)")
@@ -253,6 +265,7 @@ class DaskCluster:
         runtimes. Idempotent."""
         from vedart.parallel.dask_worker import PLUGIN_NAME
 
+        self._closed = True
         if self._owns_client:
             self.client.close(timeout=self._timeout)
             if self.cluster is not None:
@@ -338,8 +351,17 @@ class DaskReader(WindowedReader[_Submitted]):
         shipped = [None if ring is None else ring.ship(batch) for batch in batches]
         payloads = [batch if ship is None else ship[0] for batch, ship in zip(batches, shipped)]
         count = len(batches)
-        futures = self._cluster.client.map(run_batch, [self._steps] * count, payloads,
-                                           [self._forced] * count, pure=False)
+        try:
+            futures = self._cluster.client.map(run_batch, [self._steps] * count, payloads,
+                                               [self._forced] * count, pure=False)
+        except Exception as error:
+            for ship in shipped:
+                if ship is not None and ring is not None:
+                    ring.release(ship[1])
+            if self._cluster.client.status != "running":
+                raise self._cluster.gone(f"the client was closed ({type(error).__name__}: "
+                                         f"{error})") from error
+            raise
         for future, batch, ship in zip(futures, batches, shipped):
             self._push(_Submitted(future, batch) if ship is None
                        else _Submitted(future, batch, ring, ship[1]))

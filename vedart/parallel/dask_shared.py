@@ -15,8 +15,11 @@ older one are released. A fresh segment per batch cost more than the copy itself
 96 MB into new shared pages took about 80 ms (page faults), against ~10 ms into pages already
 there (H100, 2026-11-24). A task Dask re-runs after its worker died finds its span unchanged.
 The worker maps the segment once (page-locked where it has a GPU) and rebuilds the items around
-views of it (no copy); a result that is a view of its item is pickled back when the task ends,
-before the span can be reused.
+views of it where the chain sends them to a GPU (no copy; a result that is a view of its item
+is pickled back when the task ends, before the span can be reused), and around a private copy
+of the batch's span where the chain runs on the CPU: the client releases a cancelled task's
+span at once, but Dask does not stop a task already running, and a function writing into its
+items would write into the next batch given that span.
 
 A batch that does not pickle with the standard pickler (a lambda among its items) or names
 something of the caller's ``__main__`` (which cloudpickle sends by value and the standard
@@ -75,9 +78,20 @@ class SharedBatch:
     meta: bytes
     spans: list[tuple[int, int]]
 
-    def load(self) -> Batch:
-        """The batch, its arrays views of the mapped segment (in the worker)."""
-        batch: Batch = decode(self.meta, _mapping(self.name), self.spans)
+    def load(self, private: bool = False) -> Batch:
+        """The batch, its arrays views of the mapped segment (in the worker), or with
+        ``private`` of a copy of the batch's part of it: a task the client cancelled may still
+        be running when its span is reused, and a function that writes into its items would
+        then write into another batch's."""
+        mapping = _mapping(self.name)
+        if not private or not self.spans:
+            return decode(self.meta, mapping, self.spans)  # type: ignore[no-any-return]
+        start = min(begin for begin, _ in self.spans)
+        end = max(begin + size for begin, size in self.spans)
+        copied = np.empty(end - start, dtype=np.uint8)  # aligned as numpy allocates
+        copied[:] = np.frombuffer(mapping, dtype=np.uint8, count=end - start, offset=start)
+        batch: Batch = decode(self.meta, memoryview(copied),
+                              [(begin - start, size) for begin, size in self.spans])
         return batch
 
 
