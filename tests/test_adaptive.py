@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -379,10 +380,69 @@ def test_a_save_keeps_what_another_process_saved_meanwhile(tmp_path: Path) -> No
     assert reloaded.choose("both", SIG, MB)[0] == "cpu"  # the last save's own samples
 
 
+def test_a_save_leaves_what_it_did_not_learn_as_another_process_saved_it(
+        tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    seed = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    feed(seed, MB, {"cpu": 0.010, "gpu": 0.002}, calls=1, key="shared")
+    seed.save()
+    bucket = f"{SIG}|{MB.bit_length() - 1}"
+    first = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    second = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    feed(second, MB, {"cpu": 0.010, "gpu": 0.002}, calls=4, key="shared")
+    second.set_calibration(Calibration(cpu_bytes_per_s=1.23e9))
+    second.save()
+    feed(first, MB, {"cpu": 0.010, "gpu": 0.002}, calls=6, key="other")
+    first.save()  # knew "shared" only as loaded, and no calibration
+    saved = json.loads(path.read_text())
+    assert saved["functions"]["shared"] == json.loads(json.dumps(
+        second._data["functions"]["shared"]))
+    assert len(saved["functions"]["shared"][bucket]["cpu"]) + \
+        len(saved["functions"]["shared"][bucket]["gpu"]) > 1
+    assert saved["calibration"]["cpu_bytes_per_s"] == 1.23e9
+    assert set(saved["functions"]) == {"shared", "other"}
+
+
+def test_observe_saves_off_the_calling_thread(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    adaptive = importlib.import_module("vedart.offload.adaptive")
+    monkeypatch.setattr(adaptive, "SAVE_INTERVAL_S", 0.0)
+    profile = ProfileFile(tmp_path / "profile.json", "Fake GPU", CALIBRATION_FIELDS)
+    saved_on: list[str] = []
+    real_save = profile.save
+
+    def recording_save(*arguments: Any) -> bool:
+        saved_on.append(threading.current_thread().name)
+        return real_save(*arguments)
+
+    monkeypatch.setattr(profile, "save", recording_save)
+    model = AdaptiveModel(profile)
+    model.observe("f", SIG, MB, "cpu", 0.01)
+    for thread in threading.enumerate():
+        if thread.name == "vedart-profile-save":
+            thread.join(10)
+    assert saved_on == ["vedart-profile-save"]
+    assert (tmp_path / "profile.json").exists()
+
+
+@pytest.mark.parametrize(("bucket_name", "sample"), [("<f8:1|\u00b2", [0.01, 1000]),
+                                                     ("<f8:1|20", [0.01, 10**400])])
+def test_a_profile_with_odd_digits_or_huge_numbers_is_ignored_too(
+        tmp_path: Path, bucket_name: str, sample: list[Any]) -> None:
+    path = tmp_path / "profile.json"
+    profile = ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS)
+    path.write_text(json.dumps({"format": 1, **profile.identity, "calibration": None,
+                                "functions": {"f": {bucket_name: {"cpu": [sample],
+                                                                  "gpu": []}}}}))
+    with pytest.warns(RuntimeWarning, match="ignoring the cost-model profile"):
+        model = AdaptiveModel(profile)
+    assert model.choose("f", SIG, MB)[1].startswith("adaptive: exploring")
+
+
 def test_foreign_profile_is_ignored(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
-    ProfileFile(path, "Other GPU", CALIBRATION_FIELDS).save({"calibration": None,
-                                                             "functions": {"f": {}}})
+    ProfileFile(path, "Other GPU", CALIBRATION_FIELDS).save(
+        {"calibration": None, "functions": {"f": {}}}, set(), calibration_changed=False)
     with pytest.warns(RuntimeWarning, match="written for 'Other GPU'"):
         model = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
     assert model.choose("f", SIG, MB)[1].startswith("adaptive: exploring")

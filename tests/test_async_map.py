@@ -194,3 +194,14 @@ def test_shutdown_during_an_async_map_pipeline_raises_par_iter_error() -> None:
     assert not [each.name for each in threading.enumerate()
                 if each.name.startswith("vedart-async-map")]
     assert par_iter(range(3)).async_map(slow).collect() == [0, 1, 2]  # a new runtime
+
+
+def test_an_async_map_pipeline_starts_no_worker_pool() -> None:
+    veda.init(veda.Config.builder().threads(3).build())
+
+    async def twice(x: int) -> int:
+        return 2 * x
+
+    assert par_iter(range(5)).async_map(twice).collect() == [0, 2, 4, 6, 8]
+    assert not [each.name for each in threading.enumerate()
+                if each.name.startswith("vedart-worker")]

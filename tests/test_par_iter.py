@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -299,6 +300,11 @@ def test_a_sequence_with_getitem_alone_is_iterable_as_for_the_builtins() -> None
     assert par_iter("ab").zip(OldStyleSequence()).collect() == [("a", 0), ("b", 10)]
     with pytest.raises(TypeError, match=r"par_iter: got 5 of type int; allowed: an iterable"):
         par_iter(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"par_iter: got .*1.0.* of type float64; allowed: an "
+                       r"iterable"):
+        par_iter(np.float64(1.0))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"zip\(\*others\): argument 1 is .*3.* of type int64"):
+        par_iter([1]).zip(np.int64(3))  # type: ignore[arg-type]
 
 
 def test_first_failure_in_input_order_is_raised() -> None:

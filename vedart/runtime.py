@@ -5,8 +5,9 @@ from __future__ import annotations
 import atexit
 import sys
 import threading
+import weakref
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from vedart import lifecycle
 from vedart._logging import apply_log_level, logger
@@ -20,6 +21,15 @@ from vedart.offload.profile import ProfileFile, default_profile_path
 from vedart.parallel.dask_scheduler import DaskCluster
 from vedart.parallel.scheduler import Scheduler, shut_down_error
 from vedart.telemetry import Telemetry
+
+class Stoppable(Protocol):
+    """A pipeline stage running work of its own beside the runtime's pools (async_map's event
+    loop)."""
+
+    def stop(self) -> None:
+        """The runtime shut down: cancel the work not delivered yet, so that the pipeline
+        raises ParIterError as one waiting for the workers does."""
+
 
 class Runtime:
     """Owns the configuration and the resources built from it.
@@ -50,6 +60,7 @@ class Runtime:
         self._closed = False
         self._scheduler: Scheduler | None = None
         self._scheduler_lock = threading.Lock()
+        self._stages: weakref.WeakSet[Stoppable] = weakref.WeakSet()
         if self.gpu is not None and not self.gpu.is_available():
             logger.info("GPU unavailable: %s; @gpu functions run on the CPU",
                         self.gpu.unavailable_reason)
@@ -77,13 +88,27 @@ class Runtime:
                 self._scheduler = Scheduler(self.config.threads)
             return self._scheduler
 
+    def attach(self, stage: Stoppable) -> None:
+        """Stop ``stage`` when the runtime closes (held weakly); ParIterError once closed."""
+        with self._scheduler_lock:
+            if self._closed:
+                raise shut_down_error()
+            self._stages.add(stage)
+
     def close(self) -> None:
-        """Release the runtime's pools and device handles. Idempotent."""
+        """Release the runtime's pools and device handles, stopping the pipeline stages that
+        run work of their own. Idempotent."""
         if self._closed:
             return
         self._closed = True
         with self._scheduler_lock:
             scheduler = self._scheduler
+            stages = list(self._stages)
+        for stage in stages:
+            try:
+                stage.stop()
+            except Exception as error:  # noqa: BLE001  # the rest of the shutdown must run
+                logger.warning("could not stop a pipeline stage at shutdown: %s", error)
         if scheduler is not None:
             scheduler.shutdown()
         if self.dask is not None:

@@ -295,6 +295,12 @@ class AdaptiveModel:
                                            else Calibration())
         self._unsaved = profile is not None and profile.rejected  # replace a rejected file
         self._saved_at = time.monotonic()
+        # What this process learned since its last save, which a save writes over the file's:
+        # buckets (key, name) and the calibration. The rest is taken from the file as it is
+        # then, where another process may have saved meanwhile.
+        self._changed: set[tuple[str, str]] = set()
+        self._calibration_changed = False
+        self._saving = threading.Lock()  # one save at a time, from snapshot to rename
         # Bucket names that came with samples from the profile file (reasons say so).
         self._loaded = {(key, name) for key, buckets in data["functions"].items()
                         for name, samples in buckets.items() if samples["cpu"] or samples["gpu"]}
@@ -570,6 +576,7 @@ class AdaptiveModel:
             if not kept:
                 self._complete.pop((key, signature), None)
             kept.append([seconds, nbytes])
+            self._changed.add((key, f"{signature}|{size_bucket(nbytes)}"))
             revisit = state.revisit
             if revisit is not None and path != revisit.chosen and seconds < other_time:
                 # A re-check found the other path faster than the chosen one: its older
@@ -594,8 +601,10 @@ class AdaptiveModel:
                 self.revision += 1
             self._unsaved = True
             due = time.monotonic() - self._saved_at >= SAVE_INTERVAL_S
-        if due:
-            self.save()
+            if due:
+                self._saved_at = time.monotonic()  # one background save per interval
+        if due:  # off the calling thread: a save reads and writes the whole file
+            threading.Thread(target=self.save, name="vedart-profile-save", daemon=True).start()
 
     def _all_buckets_sampled(self, key: str, signature: str) -> bool:
         """Whether every bucket of ``signature`` has samples of both paths, so none is
@@ -616,20 +625,30 @@ class AdaptiveModel:
             self.revision += 1
             self._data["calibration"] = asdict(calibration)
             self._unsaved = True
+            self._calibration_changed = True
 
     def save(self) -> None:
-        """Write the profile file (no-op without one)."""
+        """Write the profile file (no-op without one): what this process learned since its
+        last save over what the file holds now (everything it knows where there is no valid
+        file). Saves run one at a time."""
         if self._profile is None:
             return
-        with self._lock:
-            if not self._unsaved:
-                return
-            self._unsaved = False
-            self._saved_at = time.monotonic()
-            snapshot = {"calibration": self._data.get("calibration"),
-                        "functions": {key: {name: {path: list(times) for path, times in s.items()}
-                                            for name, s in buckets.items()}
-                                      for key, buckets in self._data["functions"].items()}}
-        if not self._profile.save(snapshot):  # warned; tried again at the next save
+        with self._saving:
             with self._lock:
-                self._unsaved = True
+                if not self._unsaved:
+                    return
+                self._unsaved = False
+                self._saved_at = time.monotonic()
+                changed, self._changed = self._changed, set()
+                calibration_changed, self._calibration_changed = \
+                    self._calibration_changed, False
+                snapshot = {"calibration": self._data.get("calibration"),
+                            "functions": {key: {name: {path: list(times)
+                                                       for path, times in samples.items()}
+                                                for name, samples in buckets.items()}
+                                          for key, buckets in self._data["functions"].items()}}
+            if not self._profile.save(snapshot, changed, calibration_changed):
+                with self._lock:  # warned; tried again at the next save
+                    self._unsaved = True
+                    self._changed |= changed
+                    self._calibration_changed |= calibration_changed

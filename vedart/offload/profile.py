@@ -23,6 +23,7 @@ from typing import Any
 from vedart._logging import logger
 
 FORMAT_VERSION = 1
+_BUCKET = re.compile(r"[0-9]+")  # a size bucket's number (ASCII digits: "2".isdigit() too)
 
 
 def cpu_model() -> str:
@@ -43,9 +44,15 @@ def default_profile_path(gpu_name: str | None) -> Path:
 
 
 def _number(value: Any, positive: bool = False) -> bool:
-    """Whether ``value`` is a finite int or float (not a bool), >= 0 (> 0 with ``positive``)."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and \
-        math.isfinite(value) and (value > 0 if positive else value >= 0)
+    """Whether ``value`` is a finite int or float (not a bool) a float can hold, >= 0 (> 0
+    with ``positive``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        number = float(value)
+    except OverflowError:  # an int of hundreds of digits
+        return False
+    return math.isfinite(number) and (number > 0 if positive else number >= 0)
 
 
 def _samples_problem(samples: Any) -> str | None:
@@ -77,7 +84,7 @@ def profile_problem(data: Any, calibration_fields: frozenset[str]) -> str | None
             return f"function {key!r} has no buckets"
         for name, samples in buckets.items():
             signature, _, bucket = name.rpartition("|")
-            if not signature or not bucket.isdigit():
+            if not signature or _BUCKET.fullmatch(bucket) is None:
                 return f"function {key!r} has a bucket named {name!r}, not 'signature|int'"
             problem = _samples_problem(samples)
             if problem is not None:
@@ -113,8 +120,8 @@ class ProfileFile:
             return None, None
         try:
             data = json.loads(self.path.read_text())
-        except (OSError, ValueError) as error:
-            return None, f"unreadable ({error})"
+        except (OSError, ValueError, RecursionError) as error:
+            return None, f"unreadable ({type(error).__name__}: {error})"
         problem = profile_problem(data, self.calibration_fields)
         if problem is not None:
             return None, problem
@@ -129,17 +136,23 @@ class ProfileFile:
         logger.warning(message)
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
-    def save(self, data: dict[str, Any]) -> bool:
-        """Write ``data`` atomically, with the functions and buckets the file holds that
-        ``data`` lacks (another process's); the identity fields are set from this machine.
-        Whether it was written: a failure (an unwritable directory) warns the first time."""
+    def save(self, data: dict[str, Any], changed: set[tuple[str, str]],
+             calibration_changed: bool) -> bool:
+        """Write a profile atomically: the file's as it is now (another process may have saved
+        since this one read it) with the buckets ``changed`` (``(key, name)``) and, when
+        ``calibration_changed``, the calibration taken from ``data``; ``data`` whole where
+        there is no valid file. The identity fields are set from this machine. Whether it was
+        written: a failure (an unwritable directory) warns the first time."""
         stored, _ = self._read()
-        functions = {key: dict(buckets) for key, buckets in data["functions"].items()}
-        for key, buckets in (stored or {}).get("functions", {}).items():
-            for name, samples in buckets.items():
-                functions.setdefault(key, {}).setdefault(name, samples)
-        payload = json.dumps({**data, "functions": functions, "format": FORMAT_VERSION,
-                              **self.identity})
+        if stored is None:
+            merged = data
+        else:
+            functions = {key: dict(buckets) for key, buckets in stored["functions"].items()}
+            for key, name in changed:
+                functions.setdefault(key, {})[name] = data["functions"][key][name]
+            merged = {"calibration": data["calibration"] if calibration_changed
+                      else stored.get("calibration"), "functions": functions}
+        payload = json.dumps({**merged, "format": FORMAT_VERSION, **self.identity})
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".profile-",

@@ -28,7 +28,7 @@ from functools import partial
 from typing import Any
 
 from vedart.parallel.batch import Batch, ItemFailure, Reader
-from vedart.parallel.scheduler import ChunkPolicy, ItemwiseReader, Scheduler
+from vedart.parallel.scheduler import ChunkPolicy, ItemwiseReader
 from vedart.tasks import Task
 
 DEFAULT_CONCURRENCY = 64  # calls in flight: enough to overlap network or disk waits widely
@@ -55,17 +55,25 @@ class AsyncMapReader(ItemwiseReader):
     """The async_map stage (see the module docstring)."""
 
     def __init__(self, upstream: Reader, function: Callable[[Any], Any], label: str,
-                 concurrency: int, chunks: ChunkPolicy, scheduler: Scheduler) -> None:
+                 concurrency: int, chunks: ChunkPolicy,
+                 attach: Callable[[AsyncMapReader], None]) -> None:
+        """``attach(self)`` has the runtime :meth:`stop` the stage when it shuts down (it
+        raises ParIterError when the runtime is shut down already)."""
         super().__init__(upstream, concurrency, chunks)
         self._function = function
         self.label = label
         self._stopped = False  # the runtime shut down: no item is started any more
         self._dispatching = threading.Lock()  # no item is sent to the loop once stopped
-        scheduler.attach(self)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, daemon=True,
                                         name="vedart-async-map")
         self._thread.start()
+        try:
+            attach(self)
+        except BaseException:  # shut down already: the loop's thread ends here
+            self._stop_loop()
+            self._thread.join()
+            raise
 
     def _serve(self) -> None:
         """The loop's thread: run until :meth:`close` stops the loop, then cancel what is left

@@ -105,15 +105,32 @@ def _apply(steps: tuple[Step, ...], item: Any, origin: int) -> tuple[list[Any], 
             except Exception as error:
                 values, any_failed = [ItemFailure(origin, step.label, error)], True
             continue
-        produced: list[Any] = []
-        for value in values:
-            if isinstance(value, ItemFailure):
-                produced.append(value)
-                continue
-            try:
-                produced.extend(step.apply([value]))
-            except Exception as error:
-                produced.append(ItemFailure(origin, step.label, error))
-                any_failed = True
-        values = produced
+        values, failed = _apply_each(step, values, origin)
+        any_failed = any_failed or failed
     return values, any_failed
+
+
+def _apply_each(step: Step, values: list[Any], origin: int) -> tuple[list[Any], bool]:
+    """``step`` over each of ``values`` apart (failures pass through), in one loop that
+    resumes after a value the step fails on (no ``try`` set up per value)."""
+    function, kind = step.function, step.kind
+    produced: list[Any] = []
+    append = produced.append
+    failed = False
+    remaining = iter(values)
+    while True:
+        try:
+            for value in remaining:
+                if type(value) is ItemFailure:
+                    append(value)
+                elif kind == "map":
+                    append(function(value))
+                elif kind == "filter":
+                    if function(value):
+                        append(value)
+                else:  # flat_map: all of a value's outputs, or its failure alone
+                    produced.extend(list(function(value)))
+            return produced, failed
+        except Exception as error:  # the loop resumes after the failed value
+            append(ItemFailure(origin, step.label, error))
+            failed = True

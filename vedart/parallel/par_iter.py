@@ -100,9 +100,17 @@ def _check_int(where: str, value: Any, minimum: int, allowed: str | None = None)
 
 
 def _iterable(value: Any) -> bool:
-    """Whether ``iter(value)`` works by the type alone: ``__iter__``, or the sequence protocol
-    (``__getitem__`` from 0), as the builtins accept."""
-    return isinstance(value, Iterable) or hasattr(type(value), "__getitem__")
+    """Whether ``iter(value)`` works: ``__iter__``, or the sequence protocol (``__getitem__``
+    from 0), as the builtins accept. ``iter`` is called only on objects without
+    ``__iter__``, for which it reads nothing (a NumPy scalar has ``__getitem__`` but is no
+    sequence)."""
+    if isinstance(value, Iterable):
+        return True
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
 
 
 def par_iter(iterable: Iterable[T], chunk_size: int | None = None) -> ParIter[T]:
@@ -382,7 +390,7 @@ class ParIter(Generic[T]):
         if stage.kind == "async_map":
             assert stage.function is not None
             return AsyncMapReader(upstream, stage.function, stage.label, stage.argument,
-                                  ChunkPolicy(self._chunk_size), runtime.scheduler)
+                                  ChunkPolicy(self._chunk_size), runtime.attach)
         if stage.kind != "gpu_map":
             return _POSITIONAL[stage.kind](upstream, stage)
         assert runtime.gpu

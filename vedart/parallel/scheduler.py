@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -35,14 +34,6 @@ class Lanes(Protocol):
     """Execution resources the scheduler owns beside its workers (GPU lanes)."""
 
     def shutdown(self) -> None: ...
-
-
-class Stoppable(Protocol):
-    """A pipeline stage running its own work beside the workers (async_map's event loop)."""
-
-    def stop(self) -> None:
-        """The scheduler shut down: cancel the work not delivered yet, so that the pipeline
-        raises ParIterError as one waiting for the workers does; never raises."""
 
 
 L = TypeVar("L", bound=Lanes)
@@ -70,7 +61,6 @@ class Scheduler:
         self._lock = threading.Lock()
         self._closed = False
         self._lanes: dict[str, Lanes] = {}
-        self._stoppables: weakref.WeakSet[Stoppable] = weakref.WeakSet()
         self._workers = TaskThreads(threads, "vedart-worker")
 
     @property
@@ -106,26 +96,15 @@ class Scheduler:
                 raise shut_down_error()
         return cast(L, kept)
 
-    def attach(self, stage: Stoppable) -> None:
-        """Stop ``stage`` when the scheduler shuts down (held weakly); ParIterError after
-        shutdown."""
-        with self._lock:
-            if self._closed:
-                raise shut_down_error()
-            self._stoppables.add(stage)
-
     def shutdown(self) -> None:
-        """Cancel queued tasks, stop attached stages and the GPU lanes, let running tasks
-        finish and join the workers (all but the calling thread, when a task shuts its own
-        runtime down). Idempotent."""
+        """Cancel queued tasks, stop the GPU lanes, let running tasks finish and join the
+        workers (all but the calling thread, when a task shuts its own runtime down).
+        Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             lanes = list(self._lanes.values())
-            stoppables = list(self._stoppables)
-        for stage in stoppables:
-            stage.stop()
         self._workers.close(cancel_queued=True)
         for each in lanes:
             each.shutdown()
