@@ -497,3 +497,15 @@ def test_a_decision_is_a_value_that_cannot_be_changed() -> None:
     assert not decision.learned and Decision("cpu", "first call", model="adaptive").learned
     with pytest.raises(dataclasses.FrozenInstanceError):
         decision.path = "cpu"  # type: ignore[misc]
+
+
+def test_report_says_no_call_yet_of_a_function_only_explained(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    veda.init(veda.Config.builder().gpu(False).build())
+    explained = veda.gpu(lambda x: x * 2)
+    explained.explain(np.ones(3))
+    veda.report()
+    out = capsys.readouterr().out
+    assert "None: None" not in out
+    row = next(line for line in out.splitlines() if "<lambda>" in line)
+    assert row.endswith("no call yet") and " 0 " in row

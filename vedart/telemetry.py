@@ -316,7 +316,8 @@ class Telemetry:
                 f"{row['cpu_calls']:>5} {row['fallback_calls']:>6} "
                 f"{mean['to_device'] * 1e3:>9.3f} {mean['compute'] * 1e3:>10.3f} "
                 f"{mean['to_host'] * 1e3:>10.3f} {moved:>9} {rate:>6}  "
-                f"{row['last_path']}: {row['last_reason']}"
+                + ("no call yet" if row["last_path"] is None  # explained, or set up, only
+                   else f"{row['last_path']}: {row['last_reason']}")
             )
         reached = [f"  {row['function']}: {', '.join(row['helpers'])}" for row in rows
                    if row.get("helpers")]
