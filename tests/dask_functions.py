@@ -89,3 +89,24 @@ def slow_total(values: np.ndarray) -> float:
 def half_second_identity(x: int) -> int:
     time.sleep(0.5)
     return x
+
+
+class TwoArgumentError(Exception):
+    """Pickles (as its one message) but does not load back: ``__init__`` wants two."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fails_on_three_with_an_error_that_does_not_load(x: int) -> int:
+    if x == 3:
+        raise TwoArgumentError("item three", 3)
+    return x
+
+
+class DoesNotLoad:
+    """Pickles as a call that fails when the pickle is loaded."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return int, ("not a number",)

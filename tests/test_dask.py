@@ -20,7 +20,9 @@ import numpy as np
 import psutil
 import pytest
 from dask_functions import (
+    DoesNotLoad,
     fails_on_seven,
+    fails_on_three_with_an_error_that_does_not_load,
     half_second_identity,
     held_total,
     is_even,
@@ -206,6 +208,27 @@ def test_an_unpicklable_item_fails_naming_its_index(client: Any) -> None:
                                                 r"stage #1 map\(square\).*lock") as raised:
         veda.par_iter(items, chunk_size=4).map(square).collect()
     assert raised.value.index == 2
+
+
+def test_an_item_that_pickles_but_does_not_load_fails_naming_its_index(client: Any) -> None:
+    on_dask(client)
+    items: list[Any] = [1, 2, DoesNotLoad(), 4]
+    with pytest.raises(veda.ParIterError, match=r"item 2 cannot be sent to a Dask worker for "
+                                                r"stage #1 map\(square\): it cannot be pickled "
+                                                r"and loaded back \(ValueError") as raised:
+        veda.par_iter(items, chunk_size=4).map(square).collect()
+    assert raised.value.index == 2
+
+
+def test_an_exception_that_does_not_load_fails_its_item_alone(client: Any) -> None:
+    on_dask(client)
+    got = veda.par_iter(range(10), chunk_size=5).map(
+        fails_on_three_with_an_error_that_does_not_load).collect(errors="return")
+    assert [value for value in got if not isinstance(value, Exception)] == \
+        [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    failure = got[3]
+    assert isinstance(failure, RuntimeError)
+    assert "cannot be sent back from its Dask worker" in str(failure)
 
 
 def test_gpu_map_runs_the_gpu_machinery_in_the_workers_and_reports_them(client: Any) -> None:

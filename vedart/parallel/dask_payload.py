@@ -6,14 +6,15 @@ On the client, before anything is sent:
    pickled raises ParIterError naming its stage. A @veda.gpu wrapper travels by reference
    when its module exports it, else as its function and options (:class:`GpuRecipe`), rebuilt
    into a @gpu wrapper by the worker's own runtime.
-2. :func:`check_batch` pickles each batch as Dask will (skipping array buffers, which Dask
-   sends out of band), so an item that cannot be pickled raises ParIterError naming its
-   source index instead of failing inside Dask.
+2. :func:`check_batch` pickles each batch as Dask will (array buffers out of band, as Dask
+   sends them) and loads it back, so an item that cannot travel raises ParIterError naming
+   its source index instead of failing inside Dask, with every batch sent beside it.
 A batch of an embedded cluster may instead travel through shared memory
 (:mod:`.dask_shared`). In the worker, :func:`run_batch` (the Dask task) loads the chain (once
 per pipeline and process), runs it on the batch under the caller's ``veda.force`` path (@gpu steps through the
 worker's own gpu_map lanes when it has a GPU) and returns the result
-with the seconds it took; a result that cannot be pickled becomes that item's failure.
+with the seconds it took; a result or exception that cannot be pickled and loaded back
+becomes that item's failure, the batch's other items unharmed.
 """
 
 from __future__ import annotations
@@ -51,15 +52,14 @@ def _dumps(value: Any) -> bytes:
 
 
 def _check_picklable(value: Any) -> None:
-    """Pickle ``value`` as Dask will, to raise what Dask would; array buffers are skipped
-    rather than copied (Dask sends those out of band)."""
+    """Pickle ``value`` as Dask will and load it back, to raise what either side would (an
+    exception whose ``__init__`` takes other arguments than it keeps pickles but does not
+    load); array buffers stay out of band, uncopied, as Dask sends them."""
     import cloudpickle
 
-    cloudpickle.dumps(value, protocol=5, buffer_callback=_skip)
-
-
-def _skip(buffer: pickle.PickleBuffer) -> bool:
-    return False  # false: the buffer stays out of band, uncopied
+    buffers: list[pickle.PickleBuffer] = []
+    pickle.loads(cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append),
+                 buffers=buffers)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,8 @@ def check_batch(batch: Batch, stage: str) -> None:
         index, culprit = _first_unpicklable(batch, error)
         raise ParIterError(
             f"par_iter item {index} cannot be sent to a Dask worker for stage {stage}: it "
-            f"cannot be pickled ({type(culprit).__name__}: {culprit})", index=index,
+            f"cannot be pickled and loaded back ({type(culprit).__name__}: {culprit})",
+            index=index,
             stage=stage) from culprit
 
 
