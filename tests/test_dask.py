@@ -555,3 +555,35 @@ def test_a_pipeline_on_a_callers_client_stopped_midway_raises_and_loses_nothing_
                     errors=errors)
         finally:
             stopper.join()
+
+
+class HoldsALock(Exception):
+    """An exception that cannot be pickled: it holds a lock."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+async def fetch_failing_three_to_six(x: int) -> int:
+    if 3 <= x <= 6:
+        raise HoldsALock("connection reset")
+    return x
+
+
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_items_that_failed_upstream_stay_in_the_client_in_their_places(
+        client: Any, chunk_size: int | None) -> None:
+    def run(errors: str) -> Any:
+        return outcome(lambda: [repr(value) for value in veda.par_iter(
+            range(10), chunk_size=chunk_size).async_map(fetch_failing_three_to_six).map(
+            square).collect(errors=errors)])
+
+    on_threads = {}
+    veda.init(veda.Config.builder().threads(2).build())
+    for errors in ("skip", "return", "raise"):
+        on_threads[errors] = run(errors)
+    on_dask(client)
+    for errors in ("skip", "return", "raise"):
+        assert run(errors) == on_threads[errors], errors
+    assert on_threads["skip"] == ("ok", ["0", "1", "4", "49", "64", "81"])

@@ -23,6 +23,7 @@ import dataclasses
 import operator
 import pickle
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, reduce
@@ -123,6 +124,43 @@ def _first_unpicklable(batch: Batch, error: Exception) -> tuple[int, Exception]:
         except Exception as culprit:  # noqa: BLE001  # reported with its item
             return origin, culprit
     return batch.origins[0], error
+
+
+def without_failures(batch: Batch) -> tuple[Batch, list[ItemFailure]]:
+    """``batch`` without the items that failed upstream, and those failures: they pass every
+    stage untouched, so they stay in the client (their exceptions need not pickle)."""
+    if not batch.failures:
+        return batch, []
+    kept = [position for position in range(len(batch)) if position not in batch.failures]
+    return (Batch([batch.items[position] for position in kept],
+                  [batch.origins[position] for position in kept]),
+            [batch.failures[position] for position in sorted(batch.failures)])
+
+
+def with_failures(batch: Batch, upstream: list[ItemFailure]) -> Batch:
+    """``batch`` (a stage's output) with the ``upstream`` failures of
+    :func:`without_failures` back in their places by source index."""
+    if not upstream:
+        return batch
+    items: list[Any] = []
+    origins: list[int] = []
+    failures: dict[int, ItemFailure] = {}
+    waiting = deque(upstream)
+    for position, (item, origin) in enumerate(zip(batch.items, batch.origins)):
+        while waiting and waiting[0].index < origin:
+            failure = waiting.popleft()
+            failures[len(items)] = failure
+            items.append(failure)
+            origins.append(failure.index)
+        if position in batch.failures:
+            failures[len(items)] = batch.failures[position]
+        items.append(item)
+        origins.append(origin)
+    for failure in waiting:
+        failures[len(items)] = failure
+        items.append(failure)
+        origins.append(failure.index)
+    return Batch(items, origins, failures)
 
 
 def failed_batch(batch: Batch, stage: str, error: BaseException) -> Batch:

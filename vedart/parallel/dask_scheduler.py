@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import import_module
 from importlib.util import find_spec
 from typing import Any
@@ -37,9 +37,16 @@ from vedart.config import Config
 from vedart.errors import ConfigError, ParIterError, SchedulerUnavailableError
 from vedart.locks import renew_in_child
 from vedart.offload.force import forced_path
-from vedart.parallel.batch import Batch, Reader
+from vedart.parallel.batch import Batch, ItemFailure, Reader
 from vedart.parallel.device_workers import visible_device
-from vedart.parallel.dask_payload import check_batch, encode_steps, failed_batch, run_batch
+from vedart.parallel.dask_payload import (
+    check_batch,
+    encode_steps,
+    failed_batch,
+    run_batch,
+    with_failures,
+    without_failures,
+)
 from vedart.parallel.dask_shared import SharedRing
 from vedart.parallel.elementwise import Step
 from vedart.parallel.scheduler import ChunkPolicy, WindowedReader, shut_down_error
@@ -284,16 +291,20 @@ class DaskCluster:
 
 @dataclass
 class _Submitted:
-    """A task in flight, the batch it was given and, when that went through shared memory,
-    the ring and ticket of its span, which :meth:`release` releases once."""
+    """A task in flight (None: nothing to send, every item failed upstream), the batch it was
+    given, the items of its batch that failed upstream (kept here) and, when the batch went
+    through shared memory, the ring and ticket of its span, which :meth:`release` releases
+    once."""
 
     future: Any
     batch: Batch
+    upstream_failures: list[ItemFailure] = field(default_factory=list)
     ring: SharedRing | None = None
     ticket: int = -1
 
     def cancel(self) -> None:
-        self.future.cancel()
+        if self.future is not None:
+            self.future.cancel()
         self.release()
 
     def release(self) -> None:
@@ -339,13 +350,20 @@ class DaskReader(WindowedReader[_Submitted]):
                 if batch is None:
                     self._ended = True
                     return
-                check_batch(batch, self._stage)
-                batches.append(batch)
+                sent, failed = without_failures(batch)
+                check_batch(sent, self._stage)
+                batches.append((sent, failed))
         finally:  # the batches read before a failing one still run
             self._submit(batches)
 
-    def _submit(self, batches: list[Batch]) -> None:
+    def _submit(self, read: list[tuple[Batch, list[ItemFailure]]]) -> None:
+        """Send the batches ``read`` (each without its upstream failures, and those) in one
+        submission, and push their tasks in the order read; a batch of failures alone is not
+        sent, they pass through."""
+        batches = [sent for sent, _ in read if len(sent)]
         if not batches:
+            for sent, failures in read:
+                self._push(_Submitted(None, sent, failures))
             return
         ring = self._cluster.shared_ring()
         shipped = [None if ring is None else ring.ship(batch) for batch in batches]
@@ -362,26 +380,31 @@ class DaskReader(WindowedReader[_Submitted]):
                 raise self._cluster.gone(f"the client was closed ({type(error).__name__}: "
                                          f"{error})") from error
             raise
-        for future, batch, ship in zip(futures, batches, shipped):
-            self._push(_Submitted(future, batch) if ship is None
-                       else _Submitted(future, batch, ring, ship[1]))
+        sent_tasks = iter(zip(futures, shipped))
+        for batch, failures in read:
+            future, ship = next(sent_tasks) if len(batch) else (None, None)
+            self._push(_Submitted(future, batch, failures) if ship is None
+                       else _Submitted(future, batch, failures, ring, ship[1]))
 
     def _await(self, task: _Submitted) -> Batch:
+        if task.future is None:
+            return with_failures(task.batch, task.upstream_failures)
         try:
             result, seconds = self._cluster.result(task.future)
         except ParIterError:
             raise
         except Exception as error:  # noqa: BLE001  # the task failed as a whole
-            return failed_batch(task.batch, self._stage, error)
+            return with_failures(failed_batch(task.batch, self._stage, error),
+                                 task.upstream_failures)
         finally:
             task.release()
         self._chunks.observe(len(task.batch), seconds)
-        return result  # type: ignore[no-any-return]
+        return with_failures(result, task.upstream_failures)
 
     def close(self) -> None:
         submitted = list(self._tasks)
         self._tasks.clear()
-        futures = [task.future for task in submitted]
+        futures = [task.future for task in submitted if task.future is not None]
         if futures and self._cluster.client.status == "running":
             self._cluster.client.cancel(futures)
         for task in submitted:
