@@ -105,8 +105,11 @@ def fails_on_three_with_an_error_that_does_not_load(x: int) -> int:
     return x
 
 
-class DoesNotLoad:
-    """Pickles as a call that fails when the pickle is loaded."""
+def pair_up(x: int) -> list[tuple[int, int]]:
+    return [(x, 0), (x, 1)]
 
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
-        return int, ("not a number",)
+
+def fails_on_one_zero(pair: tuple[int, int]) -> tuple[int, int]:
+    if pair == (1, 0):
+        raise ValueError("the pair (1, 0)")
+    return pair

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import multiprocessing
 import os
 import threading
+import time
 import warnings
 from typing import Any
 from pathlib import Path
@@ -437,6 +439,62 @@ def test_a_profile_with_odd_digits_or_huge_numbers_is_ignored_too(
     with pytest.warns(RuntimeWarning, match="ignoring the cost-model profile"):
         model = AdaptiveModel(profile)
     assert model.choose("f", SIG, MB)[1].startswith("adaptive: exploring")
+
+
+def save_one_function(path: str, key: str, start: Any) -> None:
+    """In a process of its own: learn ``key`` and save, once ``start`` lets every such
+    process go at the same moment."""
+    model = AdaptiveModel(ProfileFile(Path(path), "Fake GPU", CALIBRATION_FIELDS))
+    feed(model, MB, {"cpu": 0.010, "gpu": 0.002}, calls=6, key=key)
+    start.wait()
+    model.save()
+
+
+def test_processes_saving_at_once_keep_every_ones_functions(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    path = tmp_path / "profile.json"
+    start = context.Event()
+    keys = [f"process-{number}" for number in range(6)]
+    processes = [context.Process(target=save_one_function, args=(str(path), key, start))
+                 for key in keys]
+    for process in processes:
+        process.start()
+    time.sleep(1.0)  # each has loaded the (missing) file and learned
+    start.set()
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    assert set(json.loads(path.read_text())["functions"]) == set(keys)
+
+
+def test_a_save_that_raises_keeps_what_it_did_not_write(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "profile.json"
+    profile = ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS)
+    model = AdaptiveModel(profile)
+    feed(model, MB, {"cpu": 0.010, "gpu": 0.002}, calls=6)
+    real_save = profile.save
+    monkeypatch.setattr(profile, "save", lambda *arguments: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        model.save()
+    monkeypatch.setattr(profile, "save", real_save)
+    model.save()
+    assert list(json.loads(path.read_text())["functions"]) == ["f"]
+
+
+def test_observe_saves_on_its_own_thread_when_no_thread_can_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    adaptive = importlib.import_module("vedart.offload.adaptive")
+    monkeypatch.setattr(adaptive, "SAVE_INTERVAL_S", 0.0)
+
+    def refuse(thread: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    model = AdaptiveModel(ProfileFile(tmp_path / "profile.json", "Fake GPU",
+                                      CALIBRATION_FIELDS))
+    model.observe("f", SIG, MB, "cpu", 0.01)
+    assert list(json.loads((tmp_path / "profile.json").read_text())["functions"]) == ["f"]
 
 
 def test_foreign_profile_is_ignored(tmp_path: Path) -> None:

@@ -20,13 +20,14 @@ import numpy as np
 import psutil
 import pytest
 from dask_functions import (
-    DoesNotLoad,
+    fails_on_one_zero,
     fails_on_seven,
     fails_on_three_with_an_error_that_does_not_load,
     half_second_identity,
     held_total,
     is_even,
     overwrite_late_unless_first,
+    pair_up,
     repeat_twice,
     same_array,
     scaled_column_sums,
@@ -206,16 +207,6 @@ def test_an_unpicklable_item_fails_naming_its_index(client: Any) -> None:
     items: list[Any] = [1, 2, threading.Lock(), 4]
     with pytest.raises(veda.ParIterError, match=r"item 2 cannot be sent to a Dask worker for "
                                                 r"stage #1 map\(square\).*lock") as raised:
-        veda.par_iter(items, chunk_size=4).map(square).collect()
-    assert raised.value.index == 2
-
-
-def test_an_item_that_pickles_but_does_not_load_fails_naming_its_index(client: Any) -> None:
-    on_dask(client)
-    items: list[Any] = [1, 2, DoesNotLoad(), 4]
-    with pytest.raises(veda.ParIterError, match=r"item 2 cannot be sent to a Dask worker for "
-                                                r"stage #1 map\(square\): it cannot be pickled "
-                                                r"and loaded back \(ValueError") as raised:
         veda.par_iter(items, chunk_size=4).map(square).collect()
     assert raised.value.index == 2
 
@@ -587,3 +578,20 @@ def test_items_that_failed_upstream_stay_in_the_client_in_their_places(
     for errors in ("skip", "return", "raise"):
         assert run(errors) == on_threads[errors], errors
     assert on_threads["skip"] == ("ok", ["0", "1", "4", "49", "64", "81"])
+
+
+@pytest.mark.parametrize("positional", ["enumerate", "chunk"])
+def test_failures_of_one_dask_stage_keep_their_places_through_the_next(
+        client: Any, positional: str) -> None:
+    def run(errors: str) -> Any:  # (1, 0) fails, (1, 1) of the same source index does not
+        pipeline = veda.par_iter(range(4)).flat_map(pair_up).map(fails_on_one_zero)
+        pipeline = pipeline.enumerate() if positional == "enumerate" else pipeline.chunk(3)
+        return outcome(lambda: [repr(value) for value in pipeline.map(same_array).collect(
+            errors=errors)] + [repr(value) for value in pipeline.map(same_array).take(
+            1).collect(errors=errors)])
+
+    veda.init(veda.Config.builder().threads(2).build())
+    on_threads = {errors: run(errors) for errors in ("skip", "return", "raise")}
+    on_dask(client)
+    for errors in ("skip", "return", "raise"):
+        assert run(errors) == on_threads[errors], errors

@@ -604,7 +604,11 @@ class AdaptiveModel:
             if due:
                 self._saved_at = time.monotonic()  # one background save per interval
         if due:  # off the calling thread: a save reads and writes the whole file
-            threading.Thread(target=self.save, name="vedart-profile-save", daemon=True).start()
+            try:
+                threading.Thread(target=self.save, name="vedart-profile-save",
+                                 daemon=True).start()
+            except RuntimeError:  # no new threads (interpreter shutdown): save here
+                self.save()
 
     def _all_buckets_sampled(self, key: str, signature: str) -> bool:
         """Whether every bucket of ``signature`` has samples of both paths, so none is
@@ -647,8 +651,12 @@ class AdaptiveModel:
                                                        for path, times in samples.items()}
                                                 for name, samples in buckets.items()}
                                           for key, buckets in self._data["functions"].items()}}
-            if not self._profile.save(snapshot, changed, calibration_changed):
-                with self._lock:  # warned; tried again at the next save
-                    self._unsaved = True
-                    self._changed |= changed
-                    self._calibration_changed |= calibration_changed
+            saved = False
+            try:
+                saved = self._profile.save(snapshot, changed, calibration_changed)
+            finally:
+                if not saved:  # failed (warned) or raised: tried again at the next save
+                    with self._lock:
+                        self._unsaved = True
+                        self._changed |= changed
+                        self._calibration_changed |= calibration_changed

@@ -2,8 +2,8 @@
 
 One JSON file per machine (GPU name + CPU model), by default under the user's cache directory
 (``$XDG_CACHE_HOME/vedart`` or ``~/.cache/vedart``). Writes are atomic (a temporary file
-renamed over the old one), and keep what other processes saved since this one read the file
-(the functions and buckets this one has not learned). A file that is unreadable, malformed
+renamed over the old one), one process of the host at a time, and write what this process
+learned over what the file holds then, so what other processes saved since stays. A file that is unreadable, malformed
 anywhere, or written for another GPU or CPU is ignored with a warning and replaced on the
 next save; a save that fails (an unwritable directory) warns once and is tried again later.
 """
@@ -17,6 +17,8 @@ import platform
 import re
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -141,29 +143,24 @@ class ProfileFile:
         """Write a profile atomically: the file's as it is now (another process may have saved
         since this one read it) with the buckets ``changed`` (``(key, name)``) and, when
         ``calibration_changed``, the calibration taken from ``data``; ``data`` whole where
-        there is no valid file. The identity fields are set from this machine. Whether it was
-        written: a failure (an unwritable directory) warns the first time."""
-        stored, _ = self._read()
-        if stored is None:
-            merged = data
-        else:
-            functions = {key: dict(buckets) for key, buckets in stored["functions"].items()}
-            for key, name in changed:
-                functions.setdefault(key, {})[name] = data["functions"][key][name]
-            merged = {"calibration": data["calibration"] if calibration_changed
-                      else stored.get("calibration"), "functions": functions}
-        payload = json.dumps({**merged, "format": FORMAT_VERSION, **self.identity})
+        there is no valid file. Processes of this host save one at a time (a lock file beside
+        the profile, where ``fcntl`` exists). The identity fields are set from this machine.
+        Whether it was written: a failure (an unwritable directory) warns the first time."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".profile-",
-                                                 suffix=".tmp")
-            try:
-                with os.fdopen(handle, "w") as stream:
-                    stream.write(payload)
-                os.replace(temporary, self.path)
-            except BaseException:
-                Path(temporary).unlink(missing_ok=True)
-                raise
+            with _held(self.path.with_name(self.path.name + ".lock")):
+                stored, _ = self._read()
+                if stored is None:
+                    merged = data
+                else:
+                    functions = {key: dict(buckets)
+                                 for key, buckets in stored["functions"].items()}
+                    for key, name in changed:
+                        functions.setdefault(key, {})[name] = data["functions"][key][name]
+                    merged = {"calibration": data["calibration"] if calibration_changed
+                              else stored.get("calibration"), "functions": functions}
+                self._write(json.dumps({**merged, "format": FORMAT_VERSION,
+                                        **self.identity}))
         except OSError as error:
             if not self._save_failed:
                 self._save_failed = True
@@ -174,3 +171,32 @@ class ProfileFile:
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
             return False
         return True
+
+    def _write(self, payload: str) -> None:
+        """``payload`` to the profile's path through a temporary file renamed over it."""
+        handle, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".profile-",
+                                             suffix=".tmp")
+        try:
+            with os.fdopen(handle, "w") as stream:
+                stream.write(payload)
+            os.replace(temporary, self.path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+
+@contextmanager
+def _held(lock_path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``lock_path`` (made if missing) while the block runs,
+    where the platform has ``fcntl``; elsewhere nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: saves of several processes may still overlap
+        yield
+        return
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

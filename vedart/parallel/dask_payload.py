@@ -7,8 +7,8 @@ On the client, before anything is sent:
    when its module exports it, else as its function and options (:class:`GpuRecipe`), rebuilt
    into a @gpu wrapper by the worker's own runtime.
 2. :func:`check_batch` pickles each batch as Dask will (array buffers out of band, as Dask
-   sends them) and loads it back, so an item that cannot travel raises ParIterError naming
-   its source index instead of failing inside Dask, with every batch sent beside it.
+   sends them), so an item that cannot be pickled raises ParIterError naming its source
+   index instead of failing inside Dask.
 A batch of an embedded cluster may instead travel through shared memory
 (:mod:`.dask_shared`). In the worker, :func:`run_batch` (the Dask task) loads the chain (once
 per pipeline and process), runs it on the batch under the caller's ``veda.force`` path (@gpu steps through the
@@ -23,7 +23,6 @@ import dataclasses
 import operator
 import pickle
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, reduce
@@ -53,14 +52,27 @@ def _dumps(value: Any) -> bytes:
 
 
 def _check_picklable(value: Any) -> None:
-    """Pickle ``value`` as Dask will and load it back, to raise what either side would (an
-    exception whose ``__init__`` takes other arguments than it keeps pickles but does not
-    load); array buffers stay out of band, uncopied, as Dask sends them."""
+    """Pickle ``value`` as Dask will, to raise what Dask would; array buffers stay out of
+    band, uncopied, as Dask sends them."""
+    import cloudpickle
+
+    cloudpickle.dumps(value, protocol=5, buffer_callback=_skip)
+
+
+def _check_travels(value: Any) -> None:
+    """:func:`_check_picklable`, and load the pickle back: what a worker sends must load in
+    the client (an exception whose ``__init__`` takes other arguments than it keeps pickles
+    but does not load). Items are not checked so (loading a CuPy array back would copy it on
+    its device)."""
     import cloudpickle
 
     buffers: list[pickle.PickleBuffer] = []
     pickle.loads(cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append),
                  buffers=buffers)
+
+
+def _skip(buffer: pickle.PickleBuffer) -> bool:
+    return False  # false: the buffer stays out of band, uncopied
 
 
 @dataclass(frozen=True)
@@ -112,8 +124,7 @@ def check_batch(batch: Batch, stage: str) -> None:
         index, culprit = _first_unpicklable(batch, error)
         raise ParIterError(
             f"par_iter item {index} cannot be sent to a Dask worker for stage {stage}: it "
-            f"cannot be pickled and loaded back ({type(culprit).__name__}: {culprit})",
-            index=index,
+            f"cannot be pickled ({type(culprit).__name__}: {culprit})", index=index,
             stage=stage) from culprit
 
 
@@ -126,41 +137,38 @@ def _first_unpicklable(batch: Batch, error: Exception) -> tuple[int, Exception]:
     return batch.origins[0], error
 
 
+class KeptInClient(Exception):
+    """Stands in a sent batch for an item that failed upstream, whose failure stays in the
+    client (its exception need not pickle): number ``slot`` of :func:`without_failures`."""
+
+    def __init__(self, slot: int) -> None:
+        super().__init__(slot)
+        self.slot = slot
+
+
 def without_failures(batch: Batch) -> tuple[Batch, list[ItemFailure]]:
-    """``batch`` without the items that failed upstream, and those failures: they pass every
-    stage untouched, so they stay in the client (their exceptions need not pickle)."""
+    """``batch`` with each item that failed upstream replaced by a stand-in failure (which
+    every stage passes through untouched, in its place), and those failures."""
     if not batch.failures:
         return batch, []
-    kept = [position for position in range(len(batch)) if position not in batch.failures]
-    return (Batch([batch.items[position] for position in kept],
-                  [batch.origins[position] for position in kept]),
-            [batch.failures[position] for position in sorted(batch.failures)])
+    kept = [batch.failures[position] for position in sorted(batch.failures)]
+    stand_ins = {position: ItemFailure(failure.index, failure.stage, KeptInClient(slot))
+                 for slot, (position, failure) in enumerate(sorted(batch.failures.items()))}
+    items = [stand_ins.get(position, item) for position, item in enumerate(batch.items)]
+    return Batch(items, batch.origins, stand_ins), kept
 
 
-def with_failures(batch: Batch, upstream: list[ItemFailure]) -> Batch:
-    """``batch`` (a stage's output) with the ``upstream`` failures of
-    :func:`without_failures` back in their places by source index."""
-    if not upstream:
+def with_failures(batch: Batch, kept: list[ItemFailure]) -> Batch:
+    """``batch`` (a stage's output) with the stand-ins of :func:`without_failures` replaced by
+    the failures ``kept``."""
+    if not kept:
         return batch
-    items: list[Any] = []
-    origins: list[int] = []
-    failures: dict[int, ItemFailure] = {}
-    waiting = deque(upstream)
-    for position, (item, origin) in enumerate(zip(batch.items, batch.origins)):
-        while waiting and waiting[0].index < origin:
-            failure = waiting.popleft()
-            failures[len(items)] = failure
-            items.append(failure)
-            origins.append(failure.index)
-        if position in batch.failures:
-            failures[len(items)] = batch.failures[position]
-        items.append(item)
-        origins.append(origin)
-    for failure in waiting:
-        failures[len(items)] = failure
-        items.append(failure)
-        origins.append(failure.index)
-    return Batch(items, origins, failures)
+    items = list(batch.items)
+    failures = dict(batch.failures)
+    for position, failure in batch.failures.items():
+        if isinstance(failure.error, KeptInClient):
+            items[position] = failures[position] = kept[failure.error.slot]
+    return Batch(items, batch.origins, failures)
 
 
 def failed_batch(batch: Batch, stage: str, error: BaseException) -> Batch:
@@ -236,7 +244,7 @@ def run_batch(steps: bytes, batch: Batch | SharedBatch, forced: str | None
     finally:
         forced_path.reset(token)
     try:
-        _check_picklable(result)
+        _check_travels(result)
     except Exception:  # noqa: BLE001  # some result or exception cannot travel: find which
         result = _sendable(result, chain[-1].label)
     return result, seconds
@@ -248,7 +256,7 @@ def _sendable(batch: Batch, last_stage: str) -> Batch:
     failures = dict(batch.failures)
     for position, (item, origin) in enumerate(zip(batch.items, batch.origins)):
         try:
-            _check_picklable(item)
+            _check_travels(item)
             items.append(item)
         except Exception as error:  # noqa: BLE001  # reported as the item's failure
             failure = batch.failures.get(position)

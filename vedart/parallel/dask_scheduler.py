@@ -292,9 +292,9 @@ class DaskCluster:
 @dataclass
 class _Submitted:
     """A task in flight (None: nothing to send, every item failed upstream), the batch it was
-    given, the items of its batch that failed upstream (kept here) and, when the batch went
-    through shared memory, the ring and ticket of its span, which :meth:`release` releases
-    once."""
+    given, the failures of its items that failed upstream (kept here, stand-ins sent) and,
+    when the batch went through shared memory, the ring and ticket of its span, which
+    :meth:`release` releases once."""
 
     future: Any
     batch: Batch
@@ -357,10 +357,10 @@ class DaskReader(WindowedReader[_Submitted]):
             self._submit(batches)
 
     def _submit(self, read: list[tuple[Batch, list[ItemFailure]]]) -> None:
-        """Send the batches ``read`` (each without its upstream failures, and those) in one
-        submission, and push their tasks in the order read; a batch of failures alone is not
-        sent, they pass through."""
-        batches = [sent for sent, _ in read if len(sent)]
+        """Send the batches ``read`` (each with stand-ins for its upstream failures, and those)
+        in one submission, and push their tasks in the order read; a batch of failures alone
+        is not sent, they pass through."""
+        batches = [sent for sent, failures in read if len(failures) < len(sent)]
         if not batches:
             for sent, failures in read:
                 self._push(_Submitted(None, sent, failures))
@@ -382,7 +382,7 @@ class DaskReader(WindowedReader[_Submitted]):
             raise
         sent_tasks = iter(zip(futures, shipped))
         for batch, failures in read:
-            future, ship = next(sent_tasks) if len(batch) else (None, None)
+            future, ship = next(sent_tasks) if len(failures) < len(batch) else (None, None)
             self._push(_Submitted(future, batch, failures) if ship is None
                        else _Submitted(future, batch, failures, ring, ship[1]))
 
