@@ -113,3 +113,10 @@ def fails_on_one_zero(pair: tuple[int, int]) -> tuple[int, int]:
     if pair == (1, 0):
         raise ValueError("the pair (1, 0)")
     return pair
+
+
+class DoesNotLoad:
+    """Pickles as a call that fails when the pickle is loaded."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return int, ("not a number",)

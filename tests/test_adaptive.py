@@ -467,6 +467,23 @@ def test_processes_saving_at_once_keep_every_ones_functions(tmp_path: Path) -> N
     assert set(json.loads(path.read_text())["functions"]) == set(keys)
 
 
+def test_a_file_system_without_locks_still_saves(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    fcntl = pytest.importorskip("fcntl")
+
+    def no_locks(handle: Any, operation: int) -> None:
+        raise OSError(37, "No locks available")  # ENOLCK, as on NFS without lockd
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path = tmp_path / "profile.json"
+    model = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    feed(model, MB, {"cpu": 0.010, "gpu": 0.002}, calls=6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.save()
+    assert list(json.loads(path.read_text())["functions"]) == ["f"]
+
+
 def test_a_save_that_raises_keeps_what_it_did_not_write(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "profile.json"

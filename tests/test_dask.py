@@ -20,6 +20,7 @@ import numpy as np
 import psutil
 import pytest
 from dask_functions import (
+    DoesNotLoad,
     fails_on_one_zero,
     fails_on_seven,
     fails_on_three_with_an_error_that_does_not_load,
@@ -208,6 +209,16 @@ def test_an_unpicklable_item_fails_naming_its_index(client: Any) -> None:
     with pytest.raises(veda.ParIterError, match=r"item 2 cannot be sent to a Dask worker for "
                                                 r"stage #1 map\(square\).*lock") as raised:
         veda.par_iter(items, chunk_size=4).map(square).collect()
+    assert raised.value.index == 2
+
+
+def test_an_item_that_pickles_but_does_not_load_fails_naming_its_index(client: Any) -> None:
+    on_dask(client)
+    items: list[Any] = [1, 2, DoesNotLoad(), 4, 5, 6]
+    with pytest.raises(veda.ParIterError, match=r"item 2 cannot be sent to a Dask worker for "
+                                                r"stage #1 map\(square\): it cannot be pickled "
+                                                r"and loaded back \(ValueError") as raised:
+        veda.par_iter(items, chunk_size=2).map(square).collect(errors="skip")
     assert raised.value.index == 2
 
 

@@ -188,15 +188,23 @@ class ProfileFile:
 @contextmanager
 def _held(lock_path: Path) -> Iterator[None]:
     """An exclusive advisory lock on ``lock_path`` (made if missing) while the block runs,
-    where the platform has ``fcntl``; elsewhere nothing is locked."""
+    where it can be had; elsewhere (no ``fcntl``, a file system without locks such as some
+    NFS mounts, a lock file of another user) the block runs unlocked, as saves did before."""
     try:
         import fcntl
-    except ImportError:  # not POSIX: saves of several processes may still overlap
+
+        handle = open(lock_path, "a")  # noqa: SIM115  # closed below, after the block
+    except (ImportError, OSError):
         yield
         return
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            locked = True
+        except OSError:  # ENOLCK, EOPNOTSUPP: no locks on this file system
+            locked = False
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)

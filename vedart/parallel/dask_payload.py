@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from functools import lru_cache, reduce
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
+
 from vedart.errors import ParIterError
 from vedart.lifecycle import get_runtime
 from vedart.offload.decorator import OffloadOptions, gpu
@@ -69,6 +71,9 @@ def _check_travels(value: Any) -> None:
     buffers: list[pickle.PickleBuffer] = []
     pickle.loads(cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append),
                  buffers=buffers)
+
+
+_PLAIN_TYPES = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 
 def _skip(buffer: pickle.PickleBuffer) -> bool:
@@ -117,21 +122,33 @@ def encode_steps(steps: Sequence[Step]) -> bytes:
 
 
 def check_batch(batch: Batch, stage: str) -> None:
-    """ParIterError naming the first item of ``batch`` that cannot be pickled."""
+    """ParIterError naming the first item of ``batch`` that cannot be pickled, or (unless
+    every item is plain data, which loads as it pickles) loaded back: one item a worker cannot
+    load fails every task of its submission."""
+    check = _check_picklable if all(map(_plain, batch.items)) else _check_travels
     try:
-        _check_picklable(batch)
+        check(batch)
     except Exception as error:
-        index, culprit = _first_unpicklable(batch, error)
+        index, culprit = _first_unpicklable(batch, error, check)
         raise ParIterError(
             f"par_iter item {index} cannot be sent to a Dask worker for stage {stage}: it "
-            f"cannot be pickled ({type(culprit).__name__}: {culprit})", index=index,
-            stage=stage) from culprit
+            f"cannot be pickled and loaded back ({type(culprit).__name__}: {culprit})",
+            index=index, stage=stage) from culprit
 
 
-def _first_unpicklable(batch: Batch, error: Exception) -> tuple[int, Exception]:
+def _plain(item: Any) -> bool:
+    """Whether ``item`` is a number, string, None or an array of numbers (NumPy's or CuPy's,
+    which loading back would copy on its device)."""
+    kind = type(item)
+    return kind in _PLAIN_TYPES or (kind is np.ndarray and not item.dtype.hasobject) \
+        or kind.__module__.startswith("cupy")
+
+
+def _first_unpicklable(batch: Batch, error: Exception, check: Callable[[Any], None]
+                       ) -> tuple[int, Exception]:
     for item, origin in zip(batch.items, batch.origins):
         try:
-            _check_picklable(item)
+            check(item)
         except Exception as culprit:  # noqa: BLE001  # reported with its item
             return origin, culprit
     return batch.origins[0], error

@@ -398,7 +398,7 @@ class DaskReader(WindowedReader[_Submitted]):
                                  task.upstream_failures)
         finally:
             task.release()
-        self._chunks.observe(len(task.batch), seconds)
+        self._chunks.observe(max(1, len(task.batch) - len(task.upstream_failures)), seconds)
         return with_failures(result, task.upstream_failures)
 
     def close(self) -> None:
