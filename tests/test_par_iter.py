@@ -303,6 +303,9 @@ def test_a_sequence_with_getitem_alone_is_iterable_as_for_the_builtins() -> None
     with pytest.raises(TypeError, match=r"par_iter: got .*1.0.* of type float64; allowed: an "
                        r"iterable"):
         par_iter(np.float64(1.0))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"par_iter: got array\(3\.\) of type ndarray; "
+                       r"allowed: an iterable"):
+        par_iter(np.array(3.0))
     with pytest.raises(TypeError, match=r"zip\(\*others\): argument 1 is .*3.* of type int64"):
         par_iter([1]).zip(np.int64(3))  # type: ignore[arg-type]
 

@@ -101,11 +101,11 @@ def _check_int(where: str, value: Any, minimum: int, allowed: str | None = None)
 
 def _iterable(value: Any) -> bool:
     """Whether ``iter(value)`` works: ``__iter__``, or the sequence protocol (``__getitem__``
-    from 0), as the builtins accept. ``iter`` is called only on objects without
-    ``__iter__``, for which it reads nothing (a NumPy scalar has ``__getitem__`` but is no
-    sequence)."""
+    from 0), as the builtins accept, and not a 0-d array. ``iter`` is called only on objects
+    without ``__iter__``, for which it reads nothing (a NumPy scalar has ``__getitem__`` but
+    is no sequence)."""
     if isinstance(value, Iterable):
-        return True
+        return getattr(value, "ndim", None) != 0  # a 0-d array has __iter__ but raises
     try:
         iter(value)
     except TypeError:
