@@ -10,6 +10,7 @@ import itertools
 import sys
 import threading
 import time
+import tracemalloc
 import types
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -308,6 +309,35 @@ def test_a_sequence_with_getitem_alone_is_iterable_as_for_the_builtins() -> None
         par_iter(np.array(3.0))
     with pytest.raises(TypeError, match=r"zip\(\*others\): argument 1 is .*3.* of type int64"):
         par_iter([1]).zip(np.int64(3))  # type: ignore[arg-type]
+
+
+def test_zip_reads_its_iterables_row_by_row_as_the_builtin_does() -> None:
+    def raising_at(count: int) -> Iterator[int]:
+        yield from range(count)
+        raise LookupError("read too far")
+
+    assert par_iter(range(10)).zip(raising_at(5), [1, 2, 3]).collect() == \
+        list(zip(range(10), raising_at(5), [1, 2, 3]))
+    assert par_iter(range(10)).zip(raising_at(5), "ab").count() == 2
+    shared = iter(range(100))
+    assert par_iter(range(10)).zip(shared, [1, 2]).collect() == [(0, 0, 1), (1, 1, 2)]
+    assert next(shared) == 3  # as after zip(range(10), shared, [1, 2])
+    with pytest.raises(ParIterError, match="item 2 failed in stage #1 zip: LookupError"):
+        par_iter(range(10)).zip(raising_at(2), [1, 2, 3]).collect()
+
+
+@pytest.mark.parametrize("pipeline", [
+    lambda: par_iter(itertools.count()).skip(2_000_000).take(1).collect(),
+    lambda: par_iter(itertools.count()).take(2_000_000).count(),
+])
+def test_take_and_skip_of_millions_hold_a_read_at_a_time(pipeline: Callable[[], Any]) -> None:
+    tracemalloc.start()
+    try:
+        pipeline()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, peak  # two million ints at once take some 70 MB
 
 
 def test_first_failure_in_input_order_is_raised() -> None:

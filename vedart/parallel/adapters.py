@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from itertools import islice
 from typing import Any
 
-from vedart.parallel.batch import Batch, ItemFailure, Reader, Stage
+from vedart.parallel.batch import DEFAULT_READ, Batch, ItemFailure, Reader, Stage
 
 
 class Enumerate(Stage):
@@ -49,27 +49,18 @@ class Zip(Stage):
         batch = self._upstream.read(limit)
         if batch is None:
             return None
-        # As the builtin zip reads them: no iterable is read past where an earlier one ended,
-        # so an error it would raise there is never seen.
-        columns, width = [], len(batch)
-        for iterator in self._iterators:
-            columns.append(self._column(iterator, batch, width))
-            width = len(columns[-1])
-        if width < len(batch):
-            self._ended = True
-            batch = batch.slice(0, width)
-            self._upstream.close()
-        return batch.with_items(list(zip(batch.items, *columns)))
-
-    def _column(self, iterator: Iterable[Any], batch: Batch, width: int) -> list[Any]:
-        """Up to ``width`` items of ``iterator``; fewer where it ends or raises (the error is
-        kept for the item where it came)."""
-        column: list[Any] = []
+        # Row by row, as the builtin zip reads them: no iterable is read past the row where
+        # one ended, so an error it would raise later is never seen, and none loses items.
+        rows: list[tuple[Any, ...]] = []
         try:
-            column.extend(islice(iterator, width))
-        except Exception as error:
-            self._failure = ItemFailure(batch.origins[len(column)], self._label, error)
-        return column
+            rows.extend(islice(zip(*self._iterators), len(batch)))
+        except Exception as error:  # kept for the item of the row where it came
+            self._failure = ItemFailure(batch.origins[len(rows)], self._label, error)
+        if len(rows) < len(batch):
+            self._ended = True
+            batch = batch.slice(0, len(rows))
+            self._upstream.close()
+        return batch.with_items([(item, *row) for item, row in zip(batch.items, rows)])
 
 
 class Take(Stage):
@@ -82,8 +73,10 @@ class Take(Stage):
     def _next_batch(self, limit: int | None) -> Batch | None:
         if self._remaining == 0:
             return None
-        batch = self._upstream.read(self._remaining if limit is None
-                                    else min(limit, self._remaining))
+        # Reads of at most DEFAULT_READ items: take(30_000_000).count() must not hold
+        # thirty million items at once.
+        batch = self._upstream.read(min(DEFAULT_READ if limit is None else limit,
+                                        self._remaining))
         if batch is None:
             self._remaining = 0
             return None
@@ -102,7 +95,7 @@ class Skip(Stage):
 
     def _next_batch(self, limit: int | None) -> Batch | None:
         while self._remaining:
-            skipped = self._upstream.read(self._remaining)
+            skipped = self._upstream.read(min(self._remaining, DEFAULT_READ))
             if skipped is None:
                 return None
             self._remaining -= len(skipped)
