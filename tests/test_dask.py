@@ -11,6 +11,7 @@ import os
 import pickle
 import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -606,3 +607,34 @@ def test_failures_of_one_dask_stage_keep_their_places_through_the_next(
     on_dask(client)
     for errors in ("skip", "return", "raise"):
         assert run(errors) == on_threads[errors], errors
+
+
+MAIN_SCRIPT_CALLING_A_GPU_FUNCTION = """
+import numpy as np
+import vedart as veda
+
+@veda.gpu
+def doubled(values):
+    return values * 2
+
+def doubled_plus_one(values):
+    return doubled(values) + 1
+
+if __name__ == "__main__":
+    veda.init(veda.Config.builder().scheduler("dask").dask_cluster("cpu").dask_workers(1)
+              .build())
+    items = [np.full(4, float(number)) for number in range(3)]
+    print([float(got[0]) for got in veda.par_iter(items).map(doubled_plus_one).collect()])
+    print([float(got[0]) for got in veda.par_iter(items).map(lambda v: doubled(v)).collect()])
+    veda.shutdown()
+"""
+
+
+def test_a_main_script_function_calling_its_gpu_function_runs_on_dask(tmp_path: Any) -> None:
+    script = tmp_path / "main_script.py"
+    script.write_text(MAIN_SCRIPT_CALLING_A_GPU_FUNCTION)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-2:] == ["[1.0, 3.0, 5.0]", "[0.0, 2.0, 4.0]"]

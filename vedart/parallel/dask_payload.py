@@ -20,9 +20,11 @@ becomes that item's failure, the batch's other items unharmed.
 from __future__ import annotations
 
 import dataclasses
+import io
 import operator
 import pickle
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, reduce
@@ -48,9 +50,31 @@ LOADED_CHAINS = 16      # pipelines whose loaded chain a worker keeps
 
 
 def _dumps(value: Any) -> bytes:
+    """``value`` pickled with cloudpickle, except that a @veda.gpu wrapper of the main script
+    it reaches (a stage's function calling one, say), which cloudpickle would copy with the
+    wrapper's own machinery, travels as its function and options, rebuilt by the worker."""
+    buffer = io.BytesIO()
+    _pickler_class()(buffer).dump(value)
+    return buffer.getvalue()
+
+
+@lru_cache(maxsize=1)
+def _pickler_class() -> type:
     import cloudpickle  # comes with the dask extra; this module is imported without it
 
-    return cloudpickle.dumps(value)  # type: ignore[no-any-return]
+    class RecipePickler(cloudpickle.Pickler):  # type: ignore[misc]
+        def reducer_override(self, obj: Any) -> Any:
+            if type(obj) is types.FunctionType and is_gpu_wrapper(obj) \
+                    and obj.__module__ == "__main__":
+                return _rebuilt, (GpuRecipe(obj.__wrapped__, obj.gpu_options),)
+            return super().reducer_override(obj)
+
+    return RecipePickler
+
+
+def _rebuilt(recipe: GpuRecipe) -> Callable[..., Any]:
+    """In the worker: the @veda.gpu wrapper ``recipe`` describes."""
+    return recipe.build()
 
 
 def _check_picklable(value: Any) -> None:
