@@ -216,7 +216,9 @@ def _check_size(value: Any) -> int:
     return value
 
 
-def _real(value: Any) -> float:
+def finite_float(value: Any) -> float:
+    """``value``, an int or float (not a bool) a float holds finitely, as a float; TypeError or
+    ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError("not a finite number")
     try:
@@ -233,7 +235,7 @@ def _check_optional_positive_int(value: Any) -> int | None:
 
 
 def _check_timeout(value: Any) -> float:
-    number = _real(value)
+    number = finite_float(value)
     if number <= 0.0:
         raise ValueError("not positive")
     return number
@@ -255,14 +257,14 @@ def _optional_int_from_env(text: str) -> int | None:
 
 
 def _check_headroom(value: Any) -> float:
-    number = _real(value)
+    number = finite_float(value)
     if number < 1.0:
         raise ValueError("below 1")
     return number
 
 
 def _check_fraction(value: Any) -> float:
-    number = _real(value)
+    number = finite_float(value)
     if not 0.0 < number <= 1.0:
         raise ValueError("outside (0, 1]")
     return number

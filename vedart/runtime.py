@@ -22,6 +22,7 @@ from vedart.parallel.dask_scheduler import DaskCluster
 from vedart.parallel.scheduler import Scheduler, shut_down_error
 from vedart.telemetry import Telemetry
 
+
 class Stoppable(Protocol):
     """A pipeline stage running work of its own beside the runtime's pools (async_map's event
     loop)."""

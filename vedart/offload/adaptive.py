@@ -147,6 +147,11 @@ def _hash_code(code: types.CodeType, digest: Any) -> None:
             digest.update(marshal.dumps(constant))
 
 
+def bucket_name(signature: str, bucket: int) -> str:
+    """How the profile names bucket ``bucket`` of ``signature``."""
+    return f"{signature}|{bucket}"
+
+
 def size_bucket(nbytes: int) -> int:
     return max(nbytes, 1).bit_length() - 1
 
@@ -323,7 +328,7 @@ class AdaptiveModel:
         if state is None:
             key, signature, bucket = where
             buckets = self._data["functions"].setdefault(key, {})
-            name = f"{signature}|{bucket}"
+            name = bucket_name(signature, bucket)
             if name not in buckets:
                 buckets[name] = {"cpu": [], "gpu": []}
                 self._complete.pop((key, signature), None)
@@ -557,7 +562,8 @@ class AdaptiveModel:
         path: see the module docstring); writes the profile at most every
         ``SAVE_INTERVAL_S`` seconds (and on :meth:`save`)."""
         with self._lock:
-            state = self._bucket((key, signature, size_bucket(nbytes)))
+            bucket = size_bucket(nbytes)
+            state = self._bucket((key, signature, bucket))
             other_path = "gpu" if path == "cpu" else "cpu"
             other_time = state.typical(other_path)
             ledger = self._ledger(key)
@@ -576,7 +582,7 @@ class AdaptiveModel:
             if not kept:
                 self._complete.pop((key, signature), None)
             kept.append([seconds, nbytes])
-            self._changed.add((key, f"{signature}|{size_bucket(nbytes)}"))
+            self._changed.add((key, bucket_name(signature, bucket)))
             revisit = state.revisit
             if revisit is not None and path != revisit.chosen and seconds < other_time:
                 # A re-check found the other path faster than the chosen one: its older

@@ -23,6 +23,8 @@ import numpy as np
 
 CONTAINER_DEPTH = 2
 _CONTAINERS = (list, tuple, dict)
+# Types whose values hold no array and pickle as plain data.
+PLAIN_TYPES = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 
 def _values(container: Any) -> Any:

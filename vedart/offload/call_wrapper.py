@@ -33,12 +33,10 @@ import numpy as np
 
 from vedart import lifecycle
 from vedart.offload.adaptive import LIGHT_S, TIMED_FIRST_CALLS, TIMED_ONE_IN
-from vedart.offload.arguments import host_bytes, value_bytes
+from vedart.offload.arguments import PLAIN_TYPES, host_bytes, value_bytes
 from vedart.telemetry import FunctionStats
 
 PREFIX = "_vd_"  # every name the template binds; a parameter starting with it disables inlining
-# Types that never hold arrays: counting them is skipped without a call.
-_PLAIN_TYPES = frozenset({int, float, complex, bool, str, bytes, type(None)})
 _EMPTY: dict[str, Any] = {}
 
 _TEMPLATE = """\
@@ -144,7 +142,7 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
     namespace: dict[str, Any] = {
         "_vd_site": site, "_vd_func": func, "_vd_lifecycle": lifecycle,
         "_vd_forced": forced_path, "_vd_next": next, "_vd_type": type,
-        "_vd_ndarray": np.ndarray, "_vd_plain": _PLAIN_TYPES, "_vd_value_bytes": value_bytes,
+        "_vd_ndarray": np.ndarray, "_vd_plain": PLAIN_TYPES, "_vd_value_bytes": value_bytes,
         "_vd_host_bytes": host_bytes, "_vd_empty": _EMPTY, "_vd_clock": time.perf_counter,
         "_vd_light": LIGHT_S, "_vd_timed_first": TIMED_FIRST_CALLS,
         "_vd_sample_mask": TIMED_ONE_IN - 1,

@@ -3,15 +3,15 @@
 One JSON file per machine (GPU name + CPU model), by default under the user's cache directory
 (``$XDG_CACHE_HOME/vedart`` or ``~/.cache/vedart``). Writes are atomic (a temporary file
 renamed over the old one), one process of the host at a time, and write what this process
-learned over what the file holds then, so what other processes saved since stays. A file that is unreadable, malformed
-anywhere, or written for another GPU or CPU is ignored with a warning and replaced on the
-next save; a save that fails (an unwritable directory) warns once and is tried again later.
+learned over what the file holds then, so what other processes saved since stays. A file that
+is unreadable, malformed anywhere, or written for another GPU or CPU is ignored with a
+warning and replaced on the next save; a save that fails (an unwritable directory) warns once
+and is tried again later.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import re
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vedart._logging import logger
+from vedart.config import finite_float
 
 FORMAT_VERSION = 1
 _BUCKET = re.compile(r"[0-9]+")  # a size bucket's number (ASCII digits: "2".isdigit() too)
@@ -46,15 +47,13 @@ def default_profile_path(gpu_name: str | None) -> Path:
 
 
 def _number(value: Any, positive: bool = False) -> bool:
-    """Whether ``value`` is a finite int or float (not a bool) a float can hold, >= 0 (> 0
-    with ``positive``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
+    """Whether ``value`` is a :func:`~vedart.config.finite_float`, >= 0 (> 0 with
+    ``positive``)."""
     try:
-        number = float(value)
-    except OverflowError:  # an int of hundreds of digits
+        number = finite_float(value)
+    except (TypeError, ValueError):
         return False
-    return math.isfinite(number) and (number > 0 if positive else number >= 0)
+    return number > 0 if positive else number >= 0
 
 
 def _samples_problem(samples: Any) -> str | None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from vedart.errors import ParIterError
 from vedart.lifecycle import get_runtime
+from vedart.offload.arguments import PLAIN_TYPES
 from vedart.offload.decorator import OffloadOptions, gpu
 from vedart.offload.force import forced_path
 from vedart.parallel.batch import Batch, ItemFailure, Reader
@@ -77,12 +78,18 @@ def _rebuilt(recipe: GpuRecipe) -> Callable[..., Any]:
     return recipe.build()
 
 
-def _check_picklable(value: Any) -> None:
-    """Pickle ``value`` as Dask will, to raise what Dask would; array buffers stay out of
-    band, uncopied, as Dask sends them."""
+def _pickled(value: Any, buffers: list[pickle.PickleBuffer]) -> bytes:
+    """``value`` pickled as Dask will, its array buffers out of band in ``buffers``
+    (uncopied, as Dask sends them)."""
     import cloudpickle
 
-    cloudpickle.dumps(value, protocol=5, buffer_callback=_skip)
+    return cloudpickle.dumps(value, protocol=5,  # type: ignore[no-any-return]
+                             buffer_callback=buffers.append)
+
+
+def _check_picklable(value: Any) -> None:
+    """Pickle ``value`` as Dask will, to raise what Dask would."""
+    _pickled(value, [])
 
 
 def _check_travels(value: Any) -> None:
@@ -90,18 +97,8 @@ def _check_travels(value: Any) -> None:
     the client (an exception whose ``__init__`` takes other arguments than it keeps pickles
     but does not load). Items are not checked so (loading a CuPy array back would copy it on
     its device)."""
-    import cloudpickle
-
     buffers: list[pickle.PickleBuffer] = []
-    pickle.loads(cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append),
-                 buffers=buffers)
-
-
-_PLAIN_TYPES = frozenset({int, float, complex, bool, str, bytes, type(None)})
-
-
-def _skip(buffer: pickle.PickleBuffer) -> bool:
-    return False  # false: the buffer stays out of band, uncopied
+    pickle.loads(_pickled(value, buffers), buffers=buffers)
 
 
 @dataclass(frozen=True)
@@ -164,7 +161,7 @@ def _plain(item: Any) -> bool:
     """Whether ``item`` is a number, string, None or an array of numbers (NumPy's or CuPy's,
     which loading back would copy on its device)."""
     kind = type(item)
-    return kind in _PLAIN_TYPES or (kind is np.ndarray and not item.dtype.hasobject) \
+    return kind in PLAIN_TYPES or (kind is np.ndarray and not item.dtype.hasobject) \
         or kind.__module__.startswith("cupy")
 
 
