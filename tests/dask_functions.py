@@ -43,6 +43,16 @@ def scaled_column_sums(matrix: np.ndarray) -> np.ndarray:
     return (matrix * 2.0).sum(axis=0)
 
 
+def worker_gpu_decision() -> tuple[bool, str]:
+    """Whether this worker's vedart runtime may use a GPU (``Config.gpu``), and the reason a
+    @gpu call on a large array gives there."""
+    from vedart import lifecycle
+
+    runtime = lifecycle.current
+    assert runtime is not None
+    return runtime.config.gpu, scaled_column_sums.explain(np.ones((1000, 1000))).reason
+
+
 def worker_threshold() -> int:
     """The offload threshold of the calling process's vedart runtime."""
     return veda.get_runtime().config.offload_threshold

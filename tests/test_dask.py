@@ -37,7 +37,7 @@ from dask_functions import (
     slow_total,
     square,
     with_pid,
-    worker_gpu_setting,
+    worker_gpu_decision,
     worker_threshold,
 )
 from hypothesis import HealthCheck, given, settings
@@ -265,16 +265,24 @@ def test_workers_run_gpu_functions_with_the_clients_config(client: Any) -> None:
 
 def test_the_workers_of_a_cpu_cluster_of_this_host_use_no_gpu_and_others_may(
         cluster: Any, client: Any) -> None:
+    from vedart.parallel.dask_worker import CPU_CLUSTER_REASON
+
+    no_gpu = (True, f"no GPU: {CPU_CLUSTER_REASON}")  # not "GPU disabled by config": it is not
     on_dask(client)  # the caller's client of a LocalCluster
-    assert set(client.run(worker_gpu_setting).values()) == {False}
+    assert set(client.run(worker_gpu_decision).values()) == {no_gpu}
     by_address = veda.init(veda.Config.builder().scheduler("dask")
                            .dask_address(cluster.scheduler_address).build())
     assert by_address.dask is not None  # workers that may be on other hosts: the GPUs they see
-    assert set(by_address.dask.client.run(worker_gpu_setting).values()) == {True}
+    assert no_gpu not in by_address.dask.client.run(worker_gpu_decision).values()
     runtime = veda.init(veda.Config.builder().scheduler("dask").dask_cluster("cpu")
                         .dask_workers(1).build())
     assert runtime.dask is not None and runtime.config.gpu
-    assert set(runtime.dask.client.run(worker_gpu_setting).values()) == {False}
+    assert set(runtime.dask.client.run(worker_gpu_decision).values()) == {no_gpu}
+    runtime = veda.init(veda.Config.builder().scheduler("dask").dask_cluster("cpu")
+                        .dask_workers(1).gpu(False).build())
+    assert runtime.dask is not None
+    assert set(runtime.dask.client.run(worker_gpu_decision).values()) == \
+        {(False, "GPU disabled by config")}
     veda.shutdown()
 
 

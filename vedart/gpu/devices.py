@@ -55,6 +55,26 @@ class DeviceProbe(Protocol):
     def close(self) -> None: ...
 
 
+class NoDevices:
+    """A probe that finds no device, for ``reason``: in a process that must not use a GPU its
+    host has (the workers of a CPU Dask cluster), every decision then says why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def discover(self) -> Discovery:
+        return Discovery((), self.reason)
+
+    def free_and_total(self, ordinal: int) -> tuple[int, int]:
+        raise GPUUnavailableError(f"no GPU: {self.reason}")
+
+    def utilization_percent(self, ordinal: int) -> float:
+        raise GPUUnavailableError(f"no GPU: {self.reason}")
+
+    def close(self) -> None:
+        pass
+
+
 def reason_for_cuda_status(status: int, message: str, environ: Mapping[str, str],
                            driver_loadable: bool) -> str:
     """A user-facing reason for a CUDA runtime error met while counting devices."""

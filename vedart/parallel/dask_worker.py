@@ -19,25 +19,31 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from vedart import lifecycle
 from vedart.config import Config
+from vedart.gpu.devices import NoDevices
 from vedart.parallel.device_workers import StatsFeed, visible_device
 
 PLUGIN_NAME = "vedart-runtime"
 
 
-def worker_config(config: Config, threads: int, own_gpu: bool, use_gpus: bool = True) -> Config:
+# Why a worker of a CPU cluster of the client's host uses no GPU, as its decisions say it.
+CPU_CLUSTER_REASON = ("a worker of a CPU Dask cluster of this host (the many workers would each "
+                      "take every GPU); dask_cluster='cuda' starts one worker per GPU")
+
+
+def worker_config(config: Config, threads: int, own_gpu: bool) -> Config:
     """``config`` for a worker process with ``threads`` task threads: the thread scheduler
     (a worker starts no cluster of its own), no device processes, no progress bars, and, with
     ``own_gpu`` (a dask-cuda worker, which sees every GPU with its own listed first), that
-    first GPU only; else every GPU the worker sees. Without ``use_gpus`` (the workers of an
-    embedded CPU cluster) no GPU at all: the functions run as written."""
+    first GPU only; else every GPU the worker sees."""
     return dataclasses.replace(config, scheduler="threads", dask_address=None,
                                dask_client=None, devices=(0,) if own_gpu else None,
-                               device_processes=False, threads=threads, progress=False,
-                               gpu=config.gpu and use_gpus)
+                               device_processes=False, threads=threads, progress=False)
 
 
 class RuntimePlugin(WorkerPlugin):  # type: ignore[misc]
-    """Installs a vedart runtime in each worker at setup and shuts it down at teardown."""
+    """Installs a vedart runtime in each worker at setup and shuts it down at teardown;
+    without ``use_gpus`` (the workers of a CPU cluster of the client's host) one that finds no
+    GPU, for :data:`CPU_CLUSTER_REASON`: the functions run as written."""
 
     idempotent = False  # a new client configuration replaces the worker's runtime
 
@@ -49,8 +55,9 @@ class RuntimePlugin(WorkerPlugin):  # type: ignore[misc]
         global _stats
         # dask-cuda's worker plugins import it in each of its workers.
         own_gpu = "dask_cuda" in sys.modules
-        runtime = lifecycle.init(worker_config(self.config, worker.state.nthreads, own_gpu,
-                                               self.use_gpus))
+        runtime = lifecycle.init(worker_config(self.config, worker.state.nthreads, own_gpu),
+                                 device_probe=None if self.use_gpus
+                                 else NoDevices(CPU_CLUSTER_REASON))
         _stats = StatsFeed(runtime.telemetry)
 
     def teardown(self, worker: Worker) -> None:
