@@ -347,6 +347,49 @@ def test_a_profile_malformed_inside_is_ignored_with_a_warning_and_replaced(
         "f", SIG, MB)[0] == "gpu"
 
 
+def test_a_save_drops_functions_unused_for_keep_days_and_marks_the_used_ones(
+        tmp_path: Path) -> None:
+    from datetime import date, timedelta
+
+    from vedart.offload.profile import KEEP_DAYS
+
+    path = tmp_path / "profile.json"
+    seed = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    for key in ("edited away", "used again", "recent", "undated"):
+        feed(seed, MB, {"cpu": 0.010, "gpu": 0.002}, calls=6, key=key)
+    seed.save()
+    saved = json.loads(path.read_text())
+    today = date.today()
+    assert saved["used"] == dict.fromkeys(saved["functions"], today.isoformat())
+    long_ago = (today - timedelta(days=KEEP_DAYS + 1)).isoformat()
+    recently = (today - timedelta(days=KEEP_DAYS - 1)).isoformat()
+    saved["used"] = {"edited away": long_ago, "used again": long_ago, "recent": recently}
+    path.write_text(json.dumps(saved))  # "undated": a file of before days were kept
+
+    model = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    choice = model.choose("used again", SIG, MB)
+    assert choice[0] == "gpu" and "from profile" in choice[1]
+    model.save()  # learned nothing: saved because a function was used on a day not recorded
+    saved = json.loads(path.read_text())
+    assert set(saved["functions"]) == {"used again", "recent", "undated"}
+    assert saved["used"] == {"used again": today.isoformat(), "recent": recently,
+                             "undated": today.isoformat()}
+
+
+@pytest.mark.parametrize("used", ["2026-11-27", {"f": "27/11/2026"}, {"f": 20261127},
+                                  {"f": "2026-11-31"}])
+def test_a_profile_whose_days_of_use_are_malformed_is_ignored_with_a_warning(
+        tmp_path: Path, used: Any) -> None:
+    path = tmp_path / "profile.json"
+    profile = ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS)
+    path.write_text(json.dumps({"format": 1, **profile.identity, "calibration": None,
+                                "functions": {"f": {f"{SIG}|20": GOOD_BUCKET}}, "used": used}))
+    with pytest.warns(RuntimeWarning, match="its 'used' is not function keys mapped to ISO "
+                                            "dates"):
+        model = AdaptiveModel(profile)
+    assert model.choose("f", SIG, MB)[1].startswith("adaptive: exploring")
+
+
 def test_a_save_that_fails_warns_once_and_is_tried_again(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")

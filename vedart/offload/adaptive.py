@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from vedart.offload.profile import ProfileFile
+from vedart.offload.profile import ProfileFile, today
 from vedart.units import format_bytes
 
 PATHS = ("cpu", "gpu")
@@ -305,6 +305,7 @@ class AdaptiveModel:
         # then, where another process may have saved meanwhile.
         self._changed: set[tuple[str, str]] = set()
         self._calibration_changed = False
+        self._used: set[str] = set()  # function keys this process has used, marked at saves
         self._saving = threading.Lock()  # one save at a time, from snapshot to rename
         # Bucket names that came with samples from the profile file (reasons say so).
         self._loaded = {(key, name) for key, buckets in data["functions"].items()
@@ -327,6 +328,12 @@ class AdaptiveModel:
         state = self._buckets.get(where)
         if state is None:
             key, signature, bucket = where
+            if key not in self._used:
+                self._used.add(key)
+                # A function used on a day the file does not record is saved as used then,
+                # or the profile would drop it after KEEP_DAYS.
+                if self._profile is not None and self._data.get("used", {}).get(key) != today():
+                    self._unsaved = True
             buckets = self._data["functions"].setdefault(key, {})
             name = bucket_name(signature, bucket)
             if name not in buckets:
@@ -656,10 +663,12 @@ class AdaptiveModel:
                             "functions": {key: {name: {path: list(times)
                                                        for path, times in samples.items()}
                                                 for name, samples in buckets.items()}
-                                          for key, buckets in self._data["functions"].items()}}
+                                          for key, buckets in self._data["functions"].items()},
+                            "used": dict(self._data.get("used", {}))}
+                used_now = set(self._used)
             saved = False
             try:
-                saved = self._profile.save(snapshot, changed, calibration_changed)
+                saved = self._profile.save(snapshot, changed, calibration_changed, used_now)
             finally:
                 if not saved:  # failed (warned) or raised: tried again at the next save
                     with self._lock:

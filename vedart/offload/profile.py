@@ -7,6 +7,11 @@ learned over what the file holds then, so what other processes saved since stays
 is unreadable, malformed anywhere, or written for another GPU or CPU is ignored with a
 warning and replaced on the next save; a save that fails (an unwritable directory) warns once
 and is tried again later.
+
+The file keeps the day each function key was last used (``"used"``: key -> ISO date), and a
+save drops the functions no process of the host has used for ``KEEP_DAYS``: a key hashes the
+function's code, so every edit of a function leaves its old key behind, and a file that only
+grew would make every process's start and save slower.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ import platform
 import re
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +32,7 @@ from vedart._logging import logger
 from vedart.config import finite_float
 
 FORMAT_VERSION = 1
+KEEP_DAYS = 90  # a function no process has used for this long is dropped at the next save
 _BUCKET = re.compile(r"[0-9]+")  # a size bucket's number (ASCII digits: "2".isdigit() too)
 
 
@@ -68,10 +75,35 @@ def _samples_problem(samples: Any) -> str | None:
     return None
 
 
+def _iso_day(value: Any) -> bool:
+    """Whether ``value`` is a day as ``date.isoformat`` writes it."""
+    try:
+        return isinstance(value, str) and date.fromisoformat(value).isoformat() == value
+    except ValueError:
+        return False
+
+
+def today() -> str:
+    """This day, as the profile's ``"used"`` holds it."""
+    return date.today().isoformat()
+
+
+def _pruned(functions: dict[str, Any], used: dict[str, str], used_now: Collection[str]
+            ) -> tuple[dict[str, Any], dict[str, str]]:
+    """``functions`` without those last used more than ``KEEP_DAYS`` ago, and the day each
+    kept one was last used: today for ``used_now`` and for a key of no recorded day (written
+    before days were kept), else its day in ``used``."""
+    now = today()
+    oldest = (date.today() - timedelta(days=KEEP_DAYS)).isoformat()  # ISO days sort as dates
+    days = {key: now if key in used_now else used.get(key, now) for key in functions}
+    kept = {key: day for key, day in days.items() if day >= oldest}
+    return {key: functions[key] for key in kept}, kept
+
+
 def profile_problem(data: Any, calibration_fields: frozenset[str]) -> str | None:
     """What makes ``data`` no profile of this format (None: nothing): the format, a calibration
     of ``calibration_fields`` with positive numbers, functions mapping keys to buckets named
-    ``signature|int`` of valid samples."""
+    ``signature|int`` of valid samples, and days of last use as ISO dates (optional)."""
     if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION or \
             not isinstance(data.get("functions"), dict):
         return "not a vedart profile of this format"
@@ -80,6 +112,9 @@ def profile_problem(data: Any, calibration_fields: frozenset[str]) -> str | None
             isinstance(calibration, dict) and set(calibration) <= calibration_fields
             and all(_number(value, positive=True) for value in calibration.values())):
         return f"its calibration is not positive numbers of {sorted(calibration_fields)}"
+    used = data.get("used", {})
+    if not isinstance(used, dict) or not all(map(_iso_day, used.values())):
+        return "its 'used' is not function keys mapped to ISO dates"
     for key, buckets in data["functions"].items():
         if not isinstance(buckets, dict):
             return f"function {key!r} has no buckets"
@@ -138,13 +173,15 @@ class ProfileFile:
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def save(self, data: dict[str, Any], changed: set[tuple[str, str]],
-             calibration_changed: bool) -> bool:
+             calibration_changed: bool, used_now: Collection[str] = ()) -> bool:
         """Write a profile atomically: the file's as it is now (another process may have saved
         since this one read it) with the buckets ``changed`` (``(key, name)``) and, when
         ``calibration_changed``, the calibration taken from ``data``; ``data`` whole where
-        there is no valid file. Processes of this host save one at a time (a lock file beside
-        the profile, where ``fcntl`` exists). The identity fields are set from this machine.
-        Whether it was written: a failure (an unwritable directory) warns the first time."""
+        there is no valid file. The function keys ``used_now`` are marked used today, and
+        functions unused for ``KEEP_DAYS`` are dropped. Processes of this host save one at a
+        time (a lock file beside the profile, where ``fcntl`` exists). The identity fields are
+        set from this machine. Whether it was written: a failure (an unwritable directory)
+        warns the first time."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with _held(self.path.with_name(self.path.name + ".lock")):
@@ -157,9 +194,12 @@ class ProfileFile:
                     for key, name in changed:
                         functions.setdefault(key, {})[name] = data["functions"][key][name]
                     merged = {"calibration": data["calibration"] if calibration_changed
-                              else stored.get("calibration"), "functions": functions}
-                self._write(json.dumps({**merged, "format": FORMAT_VERSION,
-                                        **self.identity}))
+                              else stored.get("calibration"), "functions": functions,
+                              "used": stored.get("used", {})}
+                functions, used = _pruned(merged["functions"], merged.get("used", {}),
+                                          used_now)
+                self._write(json.dumps({**merged, "functions": functions, "used": used,
+                                        "format": FORMAT_VERSION, **self.identity}))
         except OSError as error:
             if not self._save_failed:
                 self._save_failed = True
