@@ -131,3 +131,18 @@ def test_other_callables_take_the_variadic_wrapper_with_the_same_rules() -> None
         np.testing.assert_array_equal(wrapped(*args), expected)
         [row] = runtime.telemetry.snapshot()["functions"]
         assert row["last_reason"] == "below threshold: 48 B < 1.0 MB"
+
+
+def test_wrappers_sharing_one_compiled_template_keep_their_own_functions_and_defaults() -> None:
+    def scaled(x, factor=2.0):  # type: ignore[no-untyped-def]
+        return x * factor
+
+    def shifted(x, factor=-5.0):  # type: ignore[no-untyped-def]
+        return x + factor
+
+    shifted.__qualname__ = scaled.__qualname__  # the same source and name: one compiled code
+    static_runtime()
+    first, second, again = veda.gpu(scaled), veda.gpu(shifted), veda.gpu(scaled)
+    assert first.__code__ is second.__code__ is again.__code__
+    assert (first(3.0), second(3.0), again(3.0), second(3.0, 1.0)) == (6.0, -2.0, 6.0, 4.0)
+    assert (first.__defaults__, second.__defaults__) == ((2.0,), (-5.0,))
