@@ -204,6 +204,48 @@ def test_peak_tracking_wraps_the_allocator_set_before_and_puts_it_back() -> None
         cupy.cuda.set_allocator(before)
 
 
+def test_an_allocation_read_before_a_peak_reset_does_not_raise_the_new_peak() -> None:
+    import threading
+
+    import cupy
+
+    from vedart.gpu.memory import PeakTracker
+
+    read, resume = threading.Event(), threading.Event()
+
+    class PausingPool(_CountingPool):
+        def used_bytes(self) -> int:
+            used = self.used
+            if threading.current_thread().name == "allocating":
+                read.set()  # the allocating thread is held here, after its first reading
+                resume.wait()
+            return used
+
+    pool, peak, lock = PausingPool(), {1: 0}, threading.Lock()
+
+    def users_allocator(size: int) -> _Block:
+        pool.used += size
+        return _Block(1)
+
+    before = cupy.cuda.get_allocator()
+    cupy.cuda.set_allocator(users_allocator)
+    try:
+        tracker = PeakTracker(pool, peak, lock)
+        allocating = threading.Thread(target=cupy.cuda.get_allocator(), args=(500,),
+                                      name="allocating")
+        allocating.start()
+        assert read.wait(10)
+        pool.used = 100  # the 500 bytes freed, then the peak reset (as DeviceMemory does)
+        with lock:
+            peak[1] = pool.used
+        resume.set()
+        allocating.join()
+        assert peak == {1: 100}
+        assert tracker.close()
+    finally:
+        cupy.cuda.set_allocator(before)
+
+
 def test_the_pool_read_is_the_users_own_when_its_malloc_is_the_allocator() -> None:
     import threading
 
