@@ -62,15 +62,6 @@ def returns_a_generator(x: int) -> Any:
     return (value for value in range(x))
 
 
-def worker_gpu_setting() -> bool:
-    """Whether this worker's vedart runtime may use a GPU (``Config.gpu``)."""
-    from vedart import lifecycle
-
-    runtime = lifecycle.current
-    assert runtime is not None
-    return runtime.config.gpu
-
-
 def same_array(matrix: np.ndarray) -> np.ndarray:
     """The item itself: in a worker, a view of the memory the item arrived in."""
     return matrix

@@ -376,6 +376,36 @@ def test_a_save_drops_functions_unused_for_keep_days_and_marks_the_used_ones(
                              "undated": today.isoformat()}
 
 
+def test_a_function_in_use_is_written_back_where_another_process_dropped_it(
+        tmp_path: Path) -> None:
+    from datetime import date, timedelta
+
+    from vedart.offload.profile import KEEP_DAYS
+
+    path = tmp_path / "profile.json"
+    seed = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    feed(seed, MB, {"cpu": 0.010, "gpu": 0.002}, calls=6)
+    feed(seed, 64 * MB, {"cpu": 0.500, "gpu": 0.020}, calls=6)
+    seed.save()
+    saved = json.loads(path.read_text())
+    buckets = set(saved["functions"]["f"])
+    saved["used"] = {"f": (date.today() - timedelta(days=KEEP_DAYS + 1)).isoformat(),
+                     "g": "2999-01-01"}  # a day to come: a clock set wrong
+    saved["functions"]["g"] = saved["functions"]["f"]
+    path.write_text(json.dumps(saved))
+
+    in_use = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    assert in_use.choose("f", SIG, MB)[0] == "gpu"  # settled: learns nothing, times nothing
+    beside = AdaptiveModel(ProfileFile(path, "Fake GPU", CALIBRATION_FIELDS))
+    feed(beside, MB, {"cpu": 0.010, "gpu": 0.002}, calls=6, key="h")
+    beside.save()  # f unused there for KEEP_DAYS: dropped
+    assert set(json.loads(path.read_text())["functions"]) == {"g", "h"}
+    in_use.save()
+    saved = json.loads(path.read_text())
+    assert set(saved["functions"]) == {"f", "g", "h"} and set(saved["functions"]["f"]) == buckets
+    assert saved["used"] == dict.fromkeys(("f", "g", "h"), date.today().isoformat())
+
+
 @pytest.mark.parametrize("used", ["2026-11-27", {"f": "27/11/2026"}, {"f": 20261127},
                                   {"f": "2026-11-31"}])
 def test_a_profile_whose_days_of_use_are_malformed_is_ignored_with_a_warning(

@@ -11,7 +11,9 @@ and is tried again later.
 The file keeps the day each function key was last used (``"used"``: key -> ISO date), and a
 save drops the functions no process of the host has used for ``KEEP_DAYS``: a key hashes the
 function's code, so every edit of a function leaves its old key behind, and a file that only
-grew would make every process's start and save slower.
+grew would make every process's start and save slower. Each save marks the functions its
+process has used as used that day, and writes back what it knows of them where another
+process dropped them meanwhile.
 """
 
 from __future__ import annotations
@@ -91,11 +93,13 @@ def today() -> str:
 def _pruned(functions: dict[str, Any], used: dict[str, str], used_now: Collection[str]
             ) -> tuple[dict[str, Any], dict[str, str]]:
     """``functions`` without those last used more than ``KEEP_DAYS`` ago, and the day each
-    kept one was last used: today for ``used_now`` and for a key of no recorded day (written
-    before days were kept), else its day in ``used``."""
+    kept one was last used: today for ``used_now``, for a key of no recorded day (written
+    before days were kept) and for one of a day to come (a clock set wrong), else its day in
+    ``used``."""
     now = today()
     oldest = (date.today() - timedelta(days=KEEP_DAYS)).isoformat()  # ISO days sort as dates
-    days = {key: now if key in used_now else used.get(key, now) for key in functions}
+    days = {key: now if key in used_now else min(used.get(key, now), now)
+            for key in functions}
     kept = {key: day for key, day in days.items() if day >= oldest}
     return {key: functions[key] for key in kept}, kept
 
@@ -130,7 +134,7 @@ def profile_problem(data: Any, calibration_fields: frozenset[str]) -> str | None
 
 class ProfileFile:
     """Reads and atomically writes one profile: ``{"format", "gpu", "cpu", "calibration",
-    "functions"}``, whose calibration holds ``calibration_fields``."""
+    "functions", "used"}``, whose calibration holds ``calibration_fields``."""
 
     def __init__(self, path: Path, gpu_name: str | None,
                  calibration_fields: frozenset[str]) -> None:
@@ -177,8 +181,9 @@ class ProfileFile:
         """Write a profile atomically: the file's as it is now (another process may have saved
         since this one read it) with the buckets ``changed`` (``(key, name)``) and, when
         ``calibration_changed``, the calibration taken from ``data``; ``data`` whole where
-        there is no valid file. The function keys ``used_now`` are marked used today, and
-        functions unused for ``KEEP_DAYS`` are dropped. Processes of this host save one at a
+        there is no valid file. The function keys ``used_now`` are marked used today, with the
+        buckets of theirs in ``data`` that the file lacks, and functions unused for
+        ``KEEP_DAYS`` are dropped. Processes of this host save one at a
         time (a lock file beside the profile, where ``fcntl`` exists). The identity fields are
         set from this machine. Whether it was written: a failure (an unwritable directory)
         warns the first time."""
@@ -193,6 +198,13 @@ class ProfileFile:
                                  for key, buckets in stored["functions"].items()}
                     for key, name in changed:
                         functions.setdefault(key, {})[name] = data["functions"][key][name]
+                    # A function in use keeps what this process knows of it, where another
+                    # process has dropped it (unused there for KEEP_DAYS) since.
+                    for key in used_now:
+                        kept = functions.setdefault(key, {})
+                        for name, samples in data["functions"].get(key, {}).items():
+                            if samples["cpu"] or samples["gpu"]:
+                                kept.setdefault(name, samples)
                     merged = {"calibration": data["calibration"] if calibration_changed
                               else stored.get("calibration"), "functions": functions,
                               "used": stored.get("used", {})}
