@@ -256,6 +256,9 @@ def test_benchmark_checks_results_and_reports_ratios() -> None:
     assert result["speedup_over_numpy"] == \
         result["numpy_s"] / result["par_iter_gpu_beside_numpy_s"]
     assert result["static_par_iter_gpu_s"] > 0
+    assert result["defaults_over_forced"] == \
+        result["par_iter_gpu_beside_forced_s"] / result["forced_par_iter_gpu_s"]
     assert sum(result["placements"].values()) >= 16 * (1 + 1 + 5)  # checked, warm-up, timed
     table = bench.format_table(result)
     assert "speedup over CuPy loop" in table and "static rule" in table
+    assert f"on defaults, {result['defaults_over_forced']:.2f}x" in table

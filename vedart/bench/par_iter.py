@@ -14,7 +14,9 @@ Targets (issue: par_iter pipelines), as ratios measured in one run:
 - ``par_iter(range(1_000_000)).map(lambda x: x * 2).sum()`` within 3x of
   ``sum(map(lambda x: x * 2, range(1_000_000)))`` (pure Python: GIL-bound, this is overhead).
 A second row times a ``@veda.gpu`` wrapper under the static rule (every matrix on a GPU lane,
-no model), interleaved with the CuPy loop again: the lanes alone. Every GPU result is checked
+no model), interleaved with the CuPy loop again: the lanes alone. What the cost model costs a
+pipeline on defaults is read in one process: the default pipeline timed in turn with the same
+pipeline of ``f`` forced to the GPU (``@veda.gpu(force="gpu")``: no model, no re-checks). Every GPU result is checked
 against NumPy's before any time is reported.
 """
 
@@ -103,6 +105,11 @@ def run(quick: bool, matrices: int = MATRICES, size: int = SIZE,
     def plain_pipeline() -> list[np.ndarray]:  # as a user writes it: a plain function
         return par_iter(mats).gpu_map(process).collect()
 
+    forced = veda.gpu(process, force="gpu")
+
+    def forced_pipeline() -> list[np.ndarray]:  # every item on a lane, no model: its cost
+        return par_iter(mats).gpu_map(forced).collect()
+
     sync = cupy.cuda.runtime.deviceSynchronize
     _assert_equal_to_numpy(cupy_loop(), mats)
     _assert_equal_to_numpy(plain_pipeline(), mats)  # the model learns process meanwhile
@@ -114,6 +121,10 @@ def run(quick: bool, matrices: int = MATRICES, size: int = SIZE,
                                 synchronize={"cupy": sync, "vedart": sync})
     beside_numpy = interleaved_medians({"numpy": numpy_loop, "vedart": plain_pipeline},
                                        repeats=repeats, synchronize={"vedart": sync})
+    _assert_equal_to_numpy(forced_pipeline(), mats)
+    beside_forced = interleaved_medians({"vedart": plain_pipeline, "forced": forced_pipeline},
+                                        repeats=repeats,
+                                        synchronize={"vedart": sync, "forced": sync})
     result.update({
         "device_name": runtime.gpu.devices[0].name, "devices": len(runtime.gpu.devices),
         "numpy_s": beside_numpy["numpy"], "cupy_loop_s": times["cupy"],
@@ -121,6 +132,9 @@ def run(quick: bool, matrices: int = MATRICES, size: int = SIZE,
         "par_iter_gpu_beside_numpy_s": beside_numpy["vedart"],
         "speedup_over_cupy": times["cupy"] / times["vedart"],
         "speedup_over_numpy": beside_numpy["numpy"] / beside_numpy["vedart"],
+        "par_iter_gpu_beside_forced_s": beside_forced["vedart"],
+        "forced_par_iter_gpu_s": beside_forced["forced"],
+        "defaults_over_forced": beside_forced["vedart"] / beside_forced["forced"],
         "decision": veda.gpu(process).explain(mats[0]).reason,  # type: ignore[attr-defined]
         "placements": _placements(runtime),
     })
@@ -195,6 +209,10 @@ def format_table(result: dict[str, Any]) -> str:
                                                      TARGETS["over_numpy"])
               + f" (par_iter {result['par_iter_gpu_beside_numpy_s'] * 1e3:.1f} ms beside it)",
               f"placements: {result['placements']}; decision: {result['decision']}",
+              (f"the same pipeline with f forced to the GPU (no cost model), in turn with it: "
+               f"{result['forced_par_iter_gpu_s'] * 1e3:.1f} ms against "
+               f"{result['par_iter_gpu_beside_forced_s'] * 1e3:.1f} ms on defaults, "
+               f"{result['defaults_over_forced']:.2f}x"),
               f"static rule, @veda.gpu f: sequential CuPy loop "
               f"{result['static_cupy_loop_s'] * 1e3:.1f} ms, par_iter(...).gpu_map(f) "
               f"{result['static_par_iter_gpu_s'] * 1e3:.1f} ms, "
