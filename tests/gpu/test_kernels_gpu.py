@@ -426,3 +426,74 @@ def test_seed_multi_gpu_backends_allocate_on_their_devices() -> None:
     backend_1.launch_kernel(vector_add, 4, 256, a, a, data_gpu1)
     backend_1.synchronize()
     np.testing.assert_array_equal(backend_1.to_host(data_gpu1), 2 * backend_1.to_host(a))
+
+
+# In a process of its own: an illegal memory access leaves the CUDA context unusable.
+KERNEL_LOSES_THE_CONTEXT = r"""
+import json, os
+import numpy as np
+from numba import cuda
+import vedart as veda
+
+runtime = veda.init()
+
+
+def double_on_cpu(x, out):
+    np.multiply(x, 2, out=out)
+
+
+@veda.gpu_kernel(cpu=double_on_cpu)
+@cuda.jit
+def double(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = x[i] * 2
+
+
+@veda.gpu_kernel
+@cuda.jit
+def writes_far_away(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i + (1 << 40)] = 1.0  # no bounds check on the device: an illegal address
+
+
+x = np.random.default_rng().random(1000)
+before = np.empty_like(x)
+double(x, before)
+try:
+    writes_far_away(x.copy())
+    raised = None
+except Exception as error:
+    raised = type(error).__name__ + ": " + str(error)
+after = np.empty_like(x)
+double(x, after)  # launched on the GPU before: now where a missing GPU sends it
+offloaded = veda.gpu(force="gpu")(lambda a: a * 2)
+result = offloaded(x)
+name = f"{offloaded.__module__}.{offloaded.__qualname__}"
+kernels = {row["kernel"]: row for row in runtime.telemetry.snapshot()["kernels"]}
+print(json.dumps({
+    "raised": raised, "unavailable": runtime.gpu.unavailable_reason,
+    "before": bool(np.array_equal(before, x * 2)), "after": bool(np.array_equal(after, x * 2)),
+    "result": bool(np.array_equal(result, x * 2)),
+    "last": runtime.telemetry.function(name).last_decision(),
+    "double": {key: value for key, value in kernels[double.qualified_name].items()
+               if key.endswith("_launches") and key != "timed_launches"}}), flush=True)
+os._exit(0)  # CuPy's own teardown in a lost context is not what this test is about
+"""
+
+
+def test_a_kernel_that_loses_the_cuda_context_sends_later_kernels_and_calls_to_the_cpu(
+        fresh_process: Any) -> None:
+    finished = fresh_process(KERNEL_LOSES_THE_CONTEXT, 300)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    seen = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert seen["raised"] is not None and ("IllegalAddress" in seen["raised"]
+                                           or "ILLEGAL_ADDRESS" in seen["raised"]), seen
+    assert "(in kernel __main__.writes_far_away); the CUDA context is lost for this process" \
+        in (seen["unavailable"] or ""), seen
+    assert seen["before"] and seen["after"] and seen["result"], seen
+    path, reason = seen["last"]
+    assert path == "cpu" and "in kernel __main__.writes_far_away" in reason, seen
+    assert seen["double"] == {"gpu_launches": 1, "cpu_launches": 1, "simulator_launches": 0}, \
+        seen

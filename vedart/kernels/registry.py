@@ -52,6 +52,7 @@ from vedart.kernels.arguments import (
 from vedart.kernels.autotune import Autotuner
 from vedart.kernels.launch_config import auto_dims
 from vedart.locks import renew_in_child
+from vedart.offload.failures import failure_summary, loses_context
 from vedart.telemetry import KernelStats
 
 _NEVER_CURRENT: Any = object()  # a route "runtime" that is never lifecycle.current
@@ -113,6 +114,7 @@ class _Route:
     default_device: int = 0       # for calls without device arrays
     device_type: type = NoDeviceArrays
     adopt: Callable[[Any], Any] | None = None  # other __cuda_array_interface__ arrays -> CuPy
+    gpu: Any = None               # the runtime's GPUContext, on path "gpu": lost -> new route
 
 
 class KernelHandle:
@@ -161,11 +163,19 @@ class KernelHandle:
 
     def _launch(self, args: tuple[Any, ...], dims: LaunchDims | None) -> None:
         route = self._route
-        if route.runtime is not lifecycle.current:
-            route = self._refresh()
+        if route.runtime is not lifecycle.current or \
+                route.gpu is not None and route.gpu.unavailable_reason is not None:
+            route = self._refresh()  # after init or shutdown, or a lost CUDA context
         call = bind(self.parameters, args, route.device_type, route.adopt, route.reason)
         if route.path == "gpu":
-            self._on_gpu(route, call, dims)
+            try:
+                self._on_gpu(route, call, dims)
+            except Exception as error:
+                if loses_context(error):  # nothing more runs on this GPU: every caller's own
+                    route.gpu.disable(  # route turns to where a missing GPU sends it
+                        f"{failure_summary(error)} (in kernel {self.qualified_name}); the CUDA "
+                        "context is lost for this process: restart it to use the GPU")
+                raise
         else:
             self._on_host(route, call, dims)
 
@@ -179,7 +189,7 @@ class KernelHandle:
             import cupy
 
             route = _Route(runtime, "gpu", "", stats, runtime.config.profiling,
-                           gpu.devices[0].ordinal, cupy.ndarray, cupy.asarray)
+                           gpu.devices[0].ordinal, cupy.ndarray, cupy.asarray, gpu)
         else:
             reason = "GPU disabled by config" if gpu is None else \
                 f"no GPU: {gpu.unavailable_reason}"
