@@ -176,6 +176,35 @@ def test_a_lost_cuda_context_sends_every_later_call_to_the_cpu(
     assert len(gpu_attempts) == 1 and decorator._Offload.launch.attempts == [0]  # type: ignore
 
 
+class CudaAPIError(Exception):  # Numba's driver error, raised by its kernel launches
+    pass
+
+
+CudaAPIError.__module__ = "numba.cuda.cudadrv.driver"
+
+
+class CUDAError(Exception):  # cuda.core's, raised by vedart's fast kernel launch
+    pass
+
+
+CUDAError.__module__ = "cuda.core._utils.cuda_utils"
+
+
+@pytest.mark.parametrize(("error", "lost"), [
+    (CUDARuntimeError(CONTEXT_LOST), True),
+    (CudaAPIError("[700] Call to cuLaunchKernel results in CUDA_ERROR_ILLEGAL_ADDRESS"), True),
+    (CUDAError("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure"), True),
+    (CudaAPIError("[2] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY"), False),
+    (CUDAError("CUDA_ERROR_INVALID_VALUE: invalid argument"), False),
+    (RuntimeError(CONTEXT_LOST), False),  # not raised by a GPU package
+])
+def test_the_cuda_errors_of_every_launcher_that_lose_the_context_are_told_apart(
+        error: BaseException, lost: bool) -> None:
+    from vedart.offload.failures import loses_context
+
+    assert loses_context(error) is lost
+
+
 def test_a_cuda_error_that_keeps_the_context_keeps_the_gpu(
         gpu_attempts: list[BaseException]) -> None:
     gpu_attempts.append(CUDARuntimeError("cudaErrorMemoryAllocation: out of memory"))

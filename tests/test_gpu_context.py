@@ -284,6 +284,7 @@ def test_a_disabled_context_closes_without_raising_cudas_errors(
     with pytest.raises(LostContext):
         gpu.close()
     gpu.disable("the CUDA context is lost")
+    gpu.disable("the same error, met by the next thread")  # the first cause stays named
     assert not gpu.is_available() and gpu.unavailable_reason == "the CUDA context is lost"
     probe = gpu._probe
     gpu.close()

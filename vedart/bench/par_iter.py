@@ -121,6 +121,7 @@ def run(quick: bool, matrices: int = MATRICES, size: int = SIZE,
                                 synchronize={"cupy": sync, "vedart": sync})
     beside_numpy = interleaved_medians({"numpy": numpy_loop, "vedart": plain_pipeline},
                                        repeats=repeats, synchronize={"vedart": sync})
+    placements = _placements(runtime)  # of the default pipelines alone
     _assert_equal_to_numpy(forced_pipeline(), mats)
     beside_forced = interleaved_medians({"vedart": plain_pipeline, "forced": forced_pipeline},
                                         repeats=repeats,
@@ -136,7 +137,7 @@ def run(quick: bool, matrices: int = MATRICES, size: int = SIZE,
         "forced_par_iter_gpu_s": beside_forced["forced"],
         "defaults_over_forced": beside_forced["vedart"] / beside_forced["forced"],
         "decision": veda.gpu(process).explain(mats[0]).reason,  # type: ignore[attr-defined]
-        "placements": _placements(runtime),
+        "placements": placements,
     })
     runtime = veda.init(veda.Config.builder().cost_model("static").build())
     wrapped = veda.gpu(process)

@@ -62,6 +62,7 @@ class GPUContext:
         self._backends_lock = threading.Lock()
         self._free_readings: dict[int, tuple[int, float]] = {}  # ordinal -> (bytes, when)
         self._context_lost = False  # set by disable(): CUDA can do nothing more here
+        self._lost_lock = threading.Lock()
         if self.is_available():
             self.transfers = TransferEngine(config.pinned_memory_limit)
             # Loading the compiled staging loop and making a staging ring now, in the
@@ -87,9 +88,13 @@ class GPUContext:
         """Make the GPU unusable for the rest of this runtime, for ``reason``: the process's
         CUDA context is lost (a CUDA error that every later CUDA call repeats). Every later
         @gpu decision runs on the CPU and says ``no GPU: <reason>``; :meth:`close` no longer
-        raises CUDA's errors."""
-        self._context_lost = True
-        self.unavailable_reason = reason
+        raises CUDA's errors. The first reason stays: every thread then working on the device
+        meets the same error, and the first to meet it is the one that named its cause."""
+        with self._lost_lock:
+            if self._context_lost:
+                return
+            self._context_lost = True
+            self.unavailable_reason = reason
 
     def __bool__(self) -> bool:
         return self.is_available()

@@ -16,6 +16,7 @@ arrays). Everything else is the user's exception.
 
 from __future__ import annotations
 
+import re
 import threading
 import traceback
 import warnings
@@ -26,7 +27,7 @@ from vedart._logging import logger
 from vedart.errors import OffloadWarning
 from vedart.locks import renew_in_child
 
-_GPU_PACKAGES = ("cupy", "cupyx", "cupy_backends", "numba.cuda")
+_GPU_PACKAGES = ("cupy", "cupyx", "cupy_backends", "numba.cuda", "cuda.core", "cuda.bindings")
 _GPU_PATH_PARTS = ("/cupy/", "/cupyx/", "/cupy_backends/")
 _MISSING_IMPLEMENTATION_TEXT = (
     "no implementation found for",            # NumPy __array_function__ dispatch
@@ -59,7 +60,9 @@ def is_gpu_failure(error: BaseException) -> bool:
     return any(text in message for text in _MISSING_IMPLEMENTATION_TEXT)
 
 
-_DEVICE_STATE_ERRORS = ("OutOfMemoryError", "CUDARuntimeError", "CUDADriverError")
+# CuPy's, Numba's driver error and cuda.core's (the two a kernel launch raises).
+_DEVICE_STATE_ERRORS = ("OutOfMemoryError", "CUDARuntimeError", "CUDADriverError",
+                        "CudaAPIError", "CUDAError")
 
 
 def depends_on_the_moment(error: BaseException) -> bool:
@@ -80,7 +83,8 @@ def depends_on_the_values(error: BaseException) -> bool:
 
 # CUDA errors after which no CUDA work of the process can succeed (the CUDA documentation says
 # of each that the process must be terminated and relaunched to use CUDA again), by the name
-# CuPy's CUDARuntimeError and CUDADriverError messages begin with.
+# the messages carry: CuPy's and cuda.core's begin with it, Numba's end with it ("[700] Call
+# to cuLaunchKernel results in CUDA_ERROR_ILLEGAL_ADDRESS").
 _CONTEXT_LOST = frozenset({
     "cudaErrorIllegalAddress", "cudaErrorLaunchFailure", "cudaErrorLaunchTimeout",
     "cudaErrorIllegalInstruction", "cudaErrorMisalignedAddress", "cudaErrorInvalidAddressSpace",
@@ -91,11 +95,14 @@ _CONTEXT_LOST = frozenset({
     "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT"})
 
 
+_CUDA_ERROR_NAME = re.compile(r"\b(?:cudaError[A-Za-z]+|CUDA_ERROR_[A-Z_]+)\b")
+
+
 def loses_context(error: BaseException) -> bool:
     """Whether ``error`` is a CUDA error that leaves the process's CUDA context unusable (an
     illegal memory access, a failed kernel launch, a device-side assert)."""
     return depends_on_the_moment(error) and \
-        str(error).partition(":")[0].strip() in _CONTEXT_LOST
+        any(name in _CONTEXT_LOST for name in _CUDA_ERROR_NAME.findall(str(error)))
 
 
 def failure_summary(error: BaseException) -> str:
