@@ -88,8 +88,8 @@ class GPUContext:
         """Make the GPU unusable for the rest of this runtime, for ``reason``: the process's
         CUDA context is lost (a CUDA error that every later CUDA call repeats). Every later
         @gpu decision runs on the CPU and says ``no GPU: <reason>``; :meth:`close` no longer
-        raises CUDA's errors. The first reason stays: every thread then working on the device
-        meets the same error, and the first to meet it is the one that named its cause."""
+        raises CUDA's errors. Only the first reason is kept: every later CUDA call meets the same
+        error and only repeats it."""
         with self._lost_lock:
             if self._context_lost:
                 return

@@ -26,8 +26,9 @@ PLUGIN_NAME = "vedart-runtime"
 
 
 # Why a worker of a CPU cluster of the client's host uses no GPU, as its decisions say it.
-CPU_CLUSTER_REASON = ("a worker of a CPU Dask cluster of this host (the many workers would each "
-                      "take every GPU); dask_cluster='cuda' starts one worker per GPU")
+CPU_CLUSTER_REASON = ("a worker of a CPU Dask cluster of this host (its many workers would each "
+                      "take every GPU); a dask-cuda LocalCUDACluster (dask_cluster='cuda') "
+                      "gives each worker a GPU of its own")
 
 
 def worker_config(config: Config, threads: int, own_gpu: bool) -> Config:
