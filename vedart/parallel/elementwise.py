@@ -16,21 +16,7 @@ from typing import Any
 
 from vedart.parallel.batch import Batch, ItemFailure
 
-
-def _map_values(function: Callable[[Any], Any], values: list[Any]) -> list[Any]:
-    return [function(value) for value in values]
-
-
-def _filter_values(function: Callable[[Any], Any], values: list[Any]) -> list[Any]:
-    return [value for value in values if function(value)]
-
-
-def _flat_map_values(function: Callable[[Any], Any], values: list[Any]) -> list[Any]:
-    return [output for value in values for output in function(value)]
-
-
-_APPLY = {"map": _map_values, "filter": _filter_values, "flat_map": _flat_map_values}
-KINDS = tuple(_APPLY)
+KINDS = ("map", "filter", "flat_map")
 
 
 @dataclass(frozen=True)
@@ -41,9 +27,6 @@ class Step:
     kind: str
     function: Callable[[Any], Any]
     label: str
-
-    def apply(self, values: list[Any]) -> list[Any]:
-        return _APPLY[self.kind](self.function, values)
 
 
 def fuse(steps: Sequence[Step]) -> Callable[[Batch], Batch]:
@@ -99,12 +82,6 @@ def _apply(steps: tuple[Step, ...], item: Any, origin: int) -> tuple[list[Any], 
     values = [item]
     any_failed = False
     for step in steps:
-        if not any_failed and len(values) == 1:  # the common case: one value, no failure
-            try:
-                values = step.apply(values)
-            except Exception as error:
-                values, any_failed = [ItemFailure(origin, step.label, error)], True
-            continue
         values, failed = _apply_each(step, values, origin)
         any_failed = any_failed or failed
     return values, any_failed
