@@ -139,9 +139,9 @@ def _variadic() -> list[inspect.Parameter]:
 def _compiled(source: str, filename: str) -> types.CodeType:
     """``source`` compiled: once per source and name, since compiling was most of making a
     wrapper (0.28 ms, then 0.06 ms for the same function again, AMD EPYC, 2026-11-27), which
-    ``gpu_map`` of a plain function does per pipeline. The
-    code holds only the template's names: the function and its defaults are bound in each
-    wrapper's own namespace, and each wrapper runs a copy of the function's code."""
+    ``gpu_map`` of a plain function does per pipeline. The code holds only the template's
+    names: the function and its defaults are bound in each wrapper's own namespace, and each
+    wrapper runs a copy of the function's code."""
     return compile(source, filename, "exec")
 
 

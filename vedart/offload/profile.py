@@ -8,12 +8,13 @@ is unreadable, malformed anywhere, or written for another GPU or CPU is ignored 
 warning and replaced on the next save; a save that fails (an unwritable directory) warns once
 and is tried again later.
 
-The file keeps the day each function key was last used (``"used"``: key -> ISO date), and a
-save drops the functions no process of the host has used for ``KEEP_DAYS``: a key hashes the
-function's code, so every edit of a function leaves its old key behind, and a file that only
-grew would make every process's start and save slower. Each save marks the functions its
-process has used as used that day, and writes back what it knows of them where another
-process dropped them meanwhile.
+The file keeps the day each function key last reached the cost model (``"used"``: key -> ISO
+date), and a save drops the functions no process sharing the file has sent through the model
+for more than ``KEEP_DAYS``: a key hashes the function's code, so every edit of a function
+leaves its old key behind, and a file that only grew would make every process's start and
+save slower. Each save marks the functions its process has sent through the model as used
+that day, and writes back what it knows of them where another process dropped them
+meanwhile.
 """
 
 from __future__ import annotations
@@ -96,11 +97,11 @@ def _pruned(functions: dict[str, Any], used: dict[str, str], used_now: Collectio
     kept one was last used: today for ``used_now``, for a key of no recorded day (written
     before days were kept) and for one of a day to come (a clock set wrong), else its day in
     ``used``."""
-    now = today()
-    oldest = (date.today() - timedelta(days=KEEP_DAYS)).isoformat()  # ISO days sort as dates
+    this_day = date.today()
+    now, oldest = this_day.isoformat(), (this_day - timedelta(days=KEEP_DAYS)).isoformat()
     days = {key: now if key in used_now else min(used.get(key, now), now)
             for key in functions}
-    kept = {key: day for key, day in days.items() if day >= oldest}
+    kept = {key: day for key, day in days.items() if day >= oldest}  # ISO days sort as dates
     return {key: functions[key] for key in kept}, kept
 
 
@@ -183,10 +184,10 @@ class ProfileFile:
         ``calibration_changed``, the calibration taken from ``data``; ``data`` whole where
         there is no valid file. The function keys ``used_now`` are marked used today, with the
         buckets of theirs in ``data`` that the file lacks, and functions unused for
-        ``KEEP_DAYS`` are dropped. Processes of this host save one at a
-        time (a lock file beside the profile, where ``fcntl`` exists). The identity fields are
-        set from this machine. Whether it was written: a failure (an unwritable directory)
-        warns the first time."""
+        ``KEEP_DAYS`` are dropped. Processes of this host save one at a time (a lock file
+        beside the profile, where ``fcntl`` exists). The identity fields are set from this
+        machine. Whether it was written: a failure (an unwritable directory) warns the first
+        time."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with _held(self.path.with_name(self.path.name + ".lock")):
