@@ -283,8 +283,9 @@ def test_a_disabled_context_closes_without_raising_cudas_errors(
     monkeypatch.setattr(gpu.transfers, "close", failing_close)
     with pytest.raises(LostContext):
         gpu.close()
-    gpu.disable("the CUDA context is lost")
-    gpu.disable("the same error, met by the next thread")  # the first cause stays named
+    assert gpu.disable("the CUDA context is lost") is True
+    # The first cause stays named; the caller learns that it was not the first.
+    assert gpu.disable("the same error, met by the next thread") is False
     assert not gpu.is_available() and gpu.unavailable_reason == "the CUDA context is lost"
     probe = gpu._probe
     gpu.close()

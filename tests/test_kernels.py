@@ -698,6 +698,82 @@ def test_no_kernel_telemetry_when_telemetry_is_off() -> None:
     assert veda.get_runtime().telemetry.snapshot()["kernels"] == []
 
 
+# --- a CUDA context lost by one launch, met by others ----------------------------------------
+
+REAL_CUDA_BACKEND = registry.cuda_backend  # before any test replaces it
+LOST = "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered"
+
+
+class CudaAPIError(Exception):
+    """Numba's driver error, as the classification sees it."""
+
+
+CudaAPIError.__module__ = "numba.cuda.cudadrv.driver"
+
+
+def kernel_rows() -> dict[str, Any]:
+    [row] = veda.get_runtime().telemetry.snapshot()["kernels"]
+    return row
+
+
+def test_a_launch_whose_own_kernel_loses_the_context_raises_and_later_ones_run_on_the_cpu(
+        fake_gpu: dict[int, RecordingBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = gpu_kernel(cpu=add_on_cpu, outputs=("result",))(add_kernel.dispatcher)
+
+    def loses_it(kernel: Any, dims: LaunchDims, args: Any) -> float:
+        raise CudaAPIError(f"[700] Call to cuLaunchKernel results in {LOST}")
+
+    monkeypatch.setattr(registry, "cuda_backend", lambda ordinal: types.SimpleNamespace(
+        launch=loses_it, launch_limits=LaunchLimits(), to_device=np.copy, device_id=ordinal))
+    result = np.zeros(8, np.float32)
+    with pytest.raises(CudaAPIError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+        kernel(rand(8), rand(8), result)
+    np.testing.assert_array_equal(result, 0)
+    reason = veda.get_runtime().gpu.unavailable_reason
+    assert reason.startswith("CudaAPIError: [700]") and "(in kernel " in reason
+    a, b = rand(8), rand(8)
+    kernel(a, b, result)
+    np.testing.assert_array_equal(result, a + b)
+    assert (kernel_rows()["gpu_launches"], kernel_rows()["cpu_launches"]) == (0, 1)
+
+
+def test_a_launch_that_finds_the_gpu_lost_after_it_read_its_route_runs_on_the_cpu(
+        fake_gpu: dict[int, RecordingBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = gpu_kernel(cpu=add_on_cpu, outputs=("result",))(add_kernel.dispatcher)
+    kernel(rand(8), rand(8), np.zeros(8, np.float32))  # the route: the (fake) GPU
+
+    def lost_meanwhile(ordinal: int) -> Any:  # another thread's launch loses the context
+        veda.get_runtime().gpu.disable(f"CudaAPIError: {LOST} (in kernel another)")
+        return REAL_CUDA_BACKEND(ordinal)  # which raises GPUUnavailableError now
+
+    monkeypatch.setattr(registry, "cuda_backend", lost_meanwhile)
+    a, b, result = rand(8), rand(8), np.zeros(8, np.float32)
+    kernel(a, b, result)
+    np.testing.assert_array_equal(result, a + b)
+    assert len(fake_gpu[0].launches) == 1
+    assert (kernel_rows()["gpu_launches"], kernel_rows()["cpu_launches"]) == (1, 1)
+
+
+def test_a_launch_that_meets_a_context_another_launch_lost_runs_on_the_cpu(
+        fake_gpu: dict[int, RecordingBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = gpu_kernel(cpu=add_on_cpu, outputs=("result",))(add_kernel.dispatcher)
+    first = f"CudaAPIError: {LOST} (in kernel another)"
+
+    class MeetsALostContext(RecordingBackend):
+        def launch(self, kernel: Any, dims: LaunchDims, args: Any) -> float:
+            veda.get_runtime().gpu.disable(first)  # lost by another thread a moment ago
+            raise CudaAPIError(f"[700] Call to cuLaunchKernel results in {LOST}")
+
+    monkeypatch.setattr(registry, "cuda_backend", MeetsALostContext)
+    a, b, result = rand(8), rand(8), np.zeros(8, np.float32)
+    kernel(a, b, result)
+    np.testing.assert_array_equal(result, a + b)
+    assert veda.get_runtime().gpu.unavailable_reason == first
+    assert (kernel_rows()["gpu_launches"], kernel_rows()["cpu_launches"]) == (0, 1)
+    with pytest.raises(KernelLaunchError, match=r"this call runs on the CPU \(no GPU: Cuda"):
+        kernel(device_array((8,)), device_array((8,)), device_array((8,)))
+
+
 # --- the fast launch path's pieces (no driver needed) ---------------------------------------
 
 def test_argument_key_covers_cupy_arrays_and_plain_scalars() -> None:

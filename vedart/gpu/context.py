@@ -84,17 +84,19 @@ class GPUContext:
     def is_available(self) -> bool:
         return self.unavailable_reason is None
 
-    def disable(self, reason: str) -> None:
+    def disable(self, reason: str) -> bool:
         """Make the GPU unusable for the rest of this runtime, for ``reason``: the process's
         CUDA context is lost (a CUDA error that every later CUDA call repeats). Every later
         @gpu decision runs on the CPU and says ``no GPU: <reason>``; :meth:`close` no longer
         raises CUDA's errors. Only the first reason is kept: every later CUDA call meets the same
-        error and only repeats it."""
+        error and only repeats it. Returns whether this call disabled it (False: an earlier
+        one had)."""
         with self._lost_lock:
             if self._context_lost:
-                return
+                return False
             self._context_lost = True
             self.unavailable_reason = reason
+            return True
 
     def __bool__(self) -> bool:
         return self.is_available()

@@ -9,6 +9,8 @@ The path of one call (``add(a, b, out)`` or ``add[grid, block](a, b, out)``):
 
 1. Route, computed once per runtime: a usable GPU -> "gpu"; else ``cpu=`` -> "cpu"; else
    ``fallback="raise"`` -> "raise" (GPUUnavailableError); else "simulator" (warned once).
+   A launch that loses the CUDA context raises CUDA's error and makes the GPU unusable; a
+   launch that finds it lost by another (before or during its own) is routed anew.
 2. Validate before any work (:func:`~vedart.kernels.arguments.bind`, the launch dimensions,
    the device's limits): KernelLaunchError names the problem.
 3. Run through a backend -- the one device code path: NumPy arrays to the device, launch
@@ -163,21 +165,35 @@ class KernelHandle:
 
     def _launch(self, args: tuple[Any, ...], dims: LaunchDims | None) -> None:
         route = self._route
-        if route.runtime is not lifecycle.current or \
-                route.gpu is not None and route.gpu.unavailable_reason is not None:
-            route = self._refresh()  # after init or shutdown, or a lost CUDA context
-        call = bind(self.parameters, args, route.device_type, route.adopt, route.reason)
-        if route.path == "gpu":
+        for rerouted in (False, True):
+            if route.runtime is not lifecycle.current or \
+                    route.gpu is not None and route.gpu.unavailable_reason is not None:
+                route = self._refresh()  # after init or shutdown, or a lost CUDA context
+            call = bind(self.parameters, args, route.device_type, route.adopt, route.reason)
+            if route.path != "gpu":
+                self._on_host(route, call, dims)
+                return
             try:
                 self._on_gpu(route, call, dims)
+                return
+            except GPUUnavailableError:
+                # Raised before any work, by the device lookup: the GPU went away after this
+                # launch read its route (another thread's launch lost the context, or init or
+                # shutdown ran). The launch goes where it would have gone a moment later.
+                if rerouted:
+                    raise
             except Exception as error:
-                if loses_context(error):  # nothing more runs on this GPU: every caller's own
-                    route.gpu.disable(  # route turns to where a missing GPU sends it
+                if not loses_context(error):
+                    raise
+                # Nothing more runs on this GPU: every caller's own route turns to where a
+                # missing GPU sends it. The launch that lost the context raises its error;
+                # one that met a context another launch had lost already is routed anew,
+                # its caller's arrays as they were (copies back come only after success).
+                if route.gpu.disable(
                         f"{failure_summary(error)} (in kernel {self.qualified_name}); the CUDA "
-                        "context is lost for this process: restart it to use the GPU")
-                raise
-        else:
-            self._on_host(route, call, dims)
+                        "context is lost for this process: restart it to use the GPU") or \
+                        rerouted:
+                    raise
 
     def _refresh(self) -> _Route:
         """Rebuild the route for the current runtime (first call, after init or shutdown)."""
