@@ -75,11 +75,11 @@ def run(quick: bool, matrices: int = MATRICES, size: int = SIZE,
         map_sum_items: int = MAP_SUM_ITEMS) -> dict[str, Any]:
     repeats = 5 if quick else 11
     runtime = veda.init()
-    # As every suite does: until the staging loop is loaded (seconds: Numba compiles it or
-    # reads it from its cache, on a thread of its own), the runtime's start-up shares the
-    # interpreter with what is timed. In a process that did not wait, the first six rounds
-    # read 122.6 ms for the CuPy loop and 78.1 ms for the default pipeline, against 46.1 ms
-    # and 31.4 ms in one that did (H100, 2026-11-27).
+    # As every suite does: until the staging loop is loaded, the thread loading it shares the
+    # interpreter with what is timed. In a machine's first process Numba compiles it (5.6 s,
+    # against 0.8 s from its cache later): one that did not wait read 122.6 ms for the CuPy
+    # loop and 78.1 ms for the default pipeline in its first six rounds, against 46.1 ms and
+    # 31.4 ms in the next process, which waited (H100 and H200, 2026-11-27).
     wait_for_staging_loop(runtime)
     mats = _matrices(matrices, size, seed=42)
     result: dict[str, Any] = {"suite": "par_iter", "matrices": matrices, "shape": [size, size],
