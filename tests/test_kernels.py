@@ -774,6 +774,74 @@ def test_a_launch_that_meets_a_context_another_launch_lost_runs_on_the_cpu(
         kernel(device_array((8,)), device_array((8,)), device_array((8,)))
 
 
+def test_a_gpu_lookup_failure_of_a_current_route_raises_at_once(
+        fake_gpu: dict[int, RecordingBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+    lookups: list[int] = []
+
+    def unavailable(ordinal: int) -> Any:  # the GPU is not lost: nothing to route around
+        lookups.append(ordinal)
+        raise GPUUnavailableError("CUDA backend unavailable: no NVRTC")
+
+    monkeypatch.setattr(registry, "cuda_backend", unavailable)
+    kernel = gpu_kernel(cpu=add_on_cpu, outputs=("result",))(add_kernel.dispatcher)
+    result = np.zeros(8, np.float32)
+    with pytest.raises(GPUUnavailableError, match="no NVRTC"):
+        kernel(rand(8), rand(8), result)
+    assert lookups == [0] and veda.get_runtime().gpu.is_available()
+    np.testing.assert_array_equal(result, 0)
+
+
+class MeetsALostContext(RecordingBackend):
+    """A device whose launches meet a CUDA context another thread's launch lost a moment
+    before (it disables the GPU first, as that launch did)."""
+
+    def launch(self, kernel: Any, dims: LaunchDims, args: Any) -> float:
+        veda.get_runtime().gpu.disable(f"CudaAPIError: {LOST} (in kernel another)")
+        raise CudaAPIError(f"[700] Call to cuLaunchKernel results in {LOST}")
+
+
+def test_a_launch_given_device_arrays_raises_what_it_met(
+        fake_gpu: dict[int, RecordingBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "cuda_backend", MeetsALostContext)
+    kernel = gpu_kernel(cpu=add_on_cpu, outputs=("result",))(add_kernel.dispatcher)
+    with pytest.raises(CudaAPIError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):  # it may have written
+        kernel(device_array((8,)), device_array((8,)), device_array((8,)))  # to them
+
+
+def test_a_rerouted_launch_that_fails_names_what_sent_it_off_the_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    veda.init(veda.Config.builder().fallback("raise").build(), device_probe=FakeProbe(count=2))
+    monkeypatch.setattr(registry, "cuda_backend", MeetsALostContext)
+    result = np.zeros(8, np.float32)
+    with pytest.raises(GPUUnavailableError, match="fallback='raise'") as error:
+        fresh()(rand(8), result)
+    assert isinstance(error.value.__context__, CudaAPIError)
+    np.testing.assert_array_equal(result, 0)
+
+
+def test_a_launch_is_routed_anew_once_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    veda.init(device_probe=FakeProbe(count=2))
+    replaced: list[veda.Runtime] = []
+
+    class LostThenReplaced(MeetsALostContext):
+        def launch(self, kernel: Any, dims: LaunchDims, args: Any) -> float:
+            if replaced:
+                return super().launch(kernel, dims, args)
+            veda.get_runtime().gpu.disable(f"CudaAPIError: {LOST} (in kernel another)")
+            replaced.append(veda.init(device_probe=FakeProbe(count=2)))  # a new one, with a GPU
+            raise CudaAPIError(f"[700] Call to cuLaunchKernel results in {LOST}")
+
+    monkeypatch.setattr(registry, "cuda_backend", LostThenReplaced)
+    kernel = gpu_kernel(cpu=add_on_cpu, outputs=("result",))(add_kernel.dispatcher)
+    result = np.zeros(8, np.float32)
+    with pytest.raises(CudaAPIError, match="CUDA_ERROR_ILLEGAL_ADDRESS") as error:
+        kernel(rand(8), rand(8), result)  # the new runtime's GPU route met a lost context too
+    assert isinstance(error.value.__context__, CudaAPIError) and error.value.__context__ is not \
+        error.value
+    assert not replaced[0].gpu.is_available()
+    np.testing.assert_array_equal(result, 0)
+
+
 # --- the fast launch path's pieces (no driver needed) ---------------------------------------
 
 def test_argument_key_covers_cupy_arrays_and_plain_scalars() -> None:

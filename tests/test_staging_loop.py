@@ -15,8 +15,10 @@ import numba
 import numpy as np
 import pytest
 
+from vedart.errors import CUDADriverError
 from vedart.gpu import staging_loop
 from vedart.gpu.staging_loop import Crew, DriverCalls, copy_and_send, open_driver_calls
+from vedart.offload.failures import depends_on_the_moment, is_gpu_failure, loses_context
 
 KIB = 1024
 I64 = ctypes.c_int64
@@ -260,9 +262,12 @@ class FakeErrorDriver:
 def test_driver_errors_name_the_status() -> None:
     calls = DriverCalls(ctypes.CDLL(None), FakeErrorDriver())  # type: ignore[arg-type]
     assert calls.addresses.shape == (7,) and (calls.addresses != 0).all()
-    message = str(calls.error(700))
-    assert "CUDA driver status 700" in message
-    assert "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered" in message
+    error = calls.error(700)
+    assert "CUDA driver status 700" in str(error)
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered" in str(error)
+    # Told apart as CuPy's and Numba's errors are: the GPU's fault, and the context is lost.
+    assert isinstance(error, CUDADriverError) and isinstance(error, RuntimeError)
+    assert is_gpu_failure(error) and depends_on_the_moment(error) and loses_context(error)
 
 
 def test_no_driver_calls_without_the_driver_library(monkeypatch: pytest.MonkeyPatch) -> None:

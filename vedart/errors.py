@@ -21,6 +21,12 @@ class GPUUnavailableError(VedaError, RuntimeError):
     """A GPU was required but none is usable; the message carries the reason."""
 
 
+class CUDADriverError(VedaError, RuntimeError):
+    """A CUDA driver call vedart makes itself (the staging loop's copies to the device) failed;
+    the message names the status as the driver does (``CUDA_ERROR_ILLEGAL_ADDRESS``), so a
+    failure that loses the CUDA context is told apart as CuPy's and Numba's errors are."""
+
+
 class DeviceError(VedaError, ValueError):
     """A device ordinal was named that the runtime does not have."""
 

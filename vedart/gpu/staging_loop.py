@@ -59,6 +59,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from vedart.errors import CUDADriverError
+
 # Positions in the ``calls`` array (see :class:`DriverCalls`).
 MEMCPY, SET_CONTEXT, EVENT_SYNCHRONIZE, COPY_TO_DEVICE, EVENT_RECORD, SEM_WAIT, SEM_POST = range(7)
 STREAM_BLOCK = 64  # bytes: what one step of the non-temporal copy moves (a cache line)
@@ -335,16 +337,16 @@ class DriverCalls:
         handle = ctypes.c_void_p()
         status = self._get_context(ctypes.byref(handle))
         if status != 0:
-            raise RuntimeError(f"cuCtxGetCurrent failed with CUDA status {status}")
+            raise CUDADriverError(f"cuCtxGetCurrent failed with CUDA status {status}")
         return handle.value or 0
 
-    def error(self, status: int) -> RuntimeError:
+    def error(self, status: int) -> CUDADriverError:
         """The error to raise for a failed CUDA driver call's ``status``, named as the driver
         names it."""
         name, text = ctypes.c_char_p(), ctypes.c_char_p()
         self._error_name(status, ctypes.byref(name))
         self._error_text(status, ctypes.byref(text))
-        return RuntimeError(f"copying to the device failed: CUDA driver status {status} "
+        return CUDADriverError(f"copying to the device failed: CUDA driver status {status} "
                             f"({(name.value or b'unknown').decode()}: "
                             f"{(text.value or b'no description').decode()})")
 

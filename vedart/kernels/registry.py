@@ -10,7 +10,8 @@ The path of one call (``add(a, b, out)`` or ``add[grid, block](a, b, out)``):
 1. Route, computed once per runtime: a usable GPU -> "gpu"; else ``cpu=`` -> "cpu"; else
    ``fallback="raise"`` -> "raise" (GPUUnavailableError); else "simulator" (warned once).
    A launch that loses the CUDA context raises CUDA's error and makes the GPU unusable; a
-   launch that finds it lost by another (before or during its own) is routed anew.
+   launch of NumPy arrays that finds it lost by another (before or during its own) is routed
+   anew, once.
 2. Validate before any work (:func:`~vedart.kernels.arguments.bind`, the launch dimensions,
    the device's limits): KernelLaunchError names the problem.
 3. Run through a backend -- the one device code path: NumPy arrays to the device, launch
@@ -119,6 +120,13 @@ class _Route:
     gpu: Any = None               # the runtime's GPUContext, on path "gpu": lost -> new route
 
 
+def _stale(route: _Route) -> bool:
+    """Whether ``route`` is not the current runtime's (after init or shutdown) or its GPU was
+    lost since it was made."""
+    return route.runtime is not lifecycle.current or \
+        route.gpu is not None and route.gpu.unavailable_reason is not None
+
+
 class KernelHandle:
     """A registered ``@cuda.jit`` kernel.
 
@@ -165,35 +173,48 @@ class KernelHandle:
 
     def _launch(self, args: tuple[Any, ...], dims: LaunchDims | None) -> None:
         route = self._route
-        for rerouted in (False, True):
-            if route.runtime is not lifecycle.current or \
-                    route.gpu is not None and route.gpu.unavailable_reason is not None:
+        met: BaseException | None = None  # what sent this launch off its GPU route, if anything
+        while True:  # twice at most: a second pass never reroutes
+            if _stale(route):
                 route = self._refresh()  # after init or shutdown, or a lost CUDA context
-            call = bind(self.parameters, args, route.device_type, route.adopt, route.reason)
-            if route.path != "gpu":
-                self._on_host(route, call, dims)
-                return
             try:
-                self._on_gpu(route, call, dims)
-                return
-            except GPUUnavailableError:
-                # Raised before any work, by the device lookup: the GPU went away after this
-                # launch read its route (another thread's launch lost the context, or init or
-                # shutdown ran). The launch goes where it would have gone a moment later.
-                if rerouted:
-                    raise
-            except Exception as error:
-                if not loses_context(error):
-                    raise
-                # Nothing more runs on this GPU: every caller's own route turns to where a
-                # missing GPU sends it. The launch that lost the context raises its error;
-                # one that met a context another launch had lost already is routed anew,
-                # its caller's arrays as they were (copies back come only after success).
-                if route.gpu.disable(
+                call = bind(self.parameters, args, route.device_type, route.adopt, route.reason)
+                if route.path != "gpu":
+                    self._on_host(route, call, dims)
+                    return
+                ordinal = route.default_device if call.device_ordinal is None else \
+                    call.device_ordinal
+                try:
+                    backend = cuda_backend(ordinal)
+                except GPUUnavailableError as error:
+                    # The GPU went away after this launch read its route (another thread's
+                    # launch lost the context, or init or shutdown ran): nothing has run, and
+                    # the launch goes where it would have gone a moment later.
+                    if met is not None or not _stale(route):
+                        raise
+                    met = error
+                    continue
+                try:
+                    self._on_gpu(route, backend, call, dims)
+                    return
+                except Exception as error:
+                    if not loses_context(error):
+                        raise
+                    # Nothing more runs on this GPU: every caller's own route turns to where a
+                    # missing GPU sends it. The launch that lost the context raises its error,
+                    # as does one given device arrays (the kernel may have written to them);
+                    # one that met a context another launch had lost already is routed anew,
+                    # its caller's arrays as they were (copies back come only after success).
+                    first = route.gpu.disable(
                         f"{failure_summary(error)} (in kernel {self.qualified_name}); the CUDA "
-                        "context is lost for this process: restart it to use the GPU") or \
-                        rerouted:
-                    raise
+                        "context is lost for this process: restart it to use the GPU")
+                    if first or call.device or met is not None:
+                        raise
+                    met = error
+            except BaseException as failure:
+                if met is not None and failure is not met and failure.__context__ is None:
+                    failure.__context__ = met  # the rerouted launch failed: say what sent it
+                raise
 
     def _refresh(self) -> _Route:
         """Rebuild the route for the current runtime (first call, after init or shutdown)."""
@@ -242,9 +263,8 @@ class KernelHandle:
         logger.warning(message)
         warnings.warn(message, SimulatorWarning, stacklevel=5)
 
-    def _on_gpu(self, route: _Route, call: BoundCall, dims: LaunchDims | None) -> None:
-        ordinal = route.default_device if call.device_ordinal is None else call.device_ordinal
-        backend = cuda_backend(ordinal)
+    def _on_gpu(self, route: _Route, backend: Backend, call: BoundCall,
+                dims: LaunchDims | None) -> None:
         shape = None
         if dims is None:
             shape = sizing_shape(self.parameters, call)

@@ -11,7 +11,8 @@ code or passed through it (``OverflowError`` for ``np.clip(uint8_array, -5, 5)``
 ``NotImplementedError`` / ``AttributeError`` raised by NumPy's dispatch when CuPy has no
 implementation or refuses an implicit conversion; an ``AttributeError`` for an attribute a CuPy
 object lacks (``ndarray.resize``); and CuPy's ``ValueError`` for a dtype it cannot hold (string
-arrays). Everything else is the user's exception.
+arrays); and vedart's own :class:`~vedart.errors.CUDADriverError` (a failed copy through the
+staging loop). Everything else is the user's exception.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import warnings
 import numpy as np
 
 from vedart._logging import logger
-from vedart.errors import OffloadWarning
+from vedart.errors import CUDADriverError, OffloadWarning
 from vedart.locks import renew_in_child
 
 _GPU_PACKAGES = ("cupy", "cupyx", "cupy_backends", "numba.cuda", "cuda.core", "cuda.bindings")
@@ -41,7 +42,7 @@ _UNSUPPORTED_DTYPE_TEXT = "Unsupported dtype "  # CuPy's ValueError for str and 
 
 def is_gpu_failure(error: BaseException) -> bool:
     """Whether ``error``, raised on the GPU path, is the GPU's fault rather than the user's."""
-    if type(error).__module__.startswith(_GPU_PACKAGES):
+    if type(error).__module__.startswith(_GPU_PACKAGES) or isinstance(error, CUDADriverError):
         return True
     # Raised in or through CuPy's code (it may call NumPy, which raises); compiled CuPy code
     # names its frames by relative path ("cupy/_core/core.pyx").
@@ -60,7 +61,8 @@ def is_gpu_failure(error: BaseException) -> bool:
     return any(text in message for text in _MISSING_IMPLEMENTATION_TEXT)
 
 
-# CuPy's, Numba's driver error and cuda.core's (the two a kernel launch raises).
+# CuPy's, Numba's driver error and cuda.core's (the two a kernel launch raises); vedart's own
+# driver calls raise CUDADriverError.
 _DEVICE_STATE_ERRORS = ("OutOfMemoryError", "CUDARuntimeError", "CUDADriverError",
                         "CudaAPIError", "CUDAError")
 
@@ -69,7 +71,8 @@ def depends_on_the_moment(error: BaseException) -> bool:
     """Whether ``error`` says more about the device's state (out of memory, a CUDA runtime or
     driver error: no driver, a lost device) than about the call's arguments: such a failure is
     not remembered for their signature (the adaptive model learns a failing device as slow)."""
-    return type(error).__name__ in _DEVICE_STATE_ERRORS and \
+    return isinstance(error, CUDADriverError) or \
+        type(error).__name__ in _DEVICE_STATE_ERRORS and \
         type(error).__module__.startswith(_GPU_PACKAGES)
 
 
