@@ -9,6 +9,7 @@ import gc
 import threading
 import types
 import warnings
+import weakref
 from typing import Any
 
 import cupy
@@ -800,6 +801,28 @@ class MeetsALostContext(RecordingBackend):
         raise CudaAPIError(f"[700] Call to cuLaunchKernel results in {LOST}")
 
 
+def test_a_rerouted_launch_leaves_no_cycle_holding_its_failed_attempt(
+        fake_gpu: dict[int, RecordingBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+    met: list[weakref.ref[BaseException]] = []
+
+    class Recorded(MeetsALostContext):
+        def launch(self, kernel: Any, dims: LaunchDims, args: Any) -> float:
+            try:
+                return super().launch(kernel, dims, args)
+            except CudaAPIError as error:
+                met.append(weakref.ref(error))
+                raise
+
+    monkeypatch.setattr(registry, "cuda_backend", Recorded)
+    kernel = gpu_kernel(cpu=add_on_cpu, outputs=("result",))(add_kernel.dispatcher)
+    gc.disable()  # the failed attempt's device copies must go with the call, not at a collection
+    try:
+        kernel(rand(8), rand(8), np.zeros(8, np.float32))
+        assert met and met[0]() is None
+    finally:
+        gc.enable()
+
+
 def test_a_launch_given_device_arrays_raises_what_it_met(
         fake_gpu: dict[int, RecordingBackend], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "cuda_backend", MeetsALostContext)
@@ -840,6 +863,37 @@ def test_a_launch_is_routed_anew_once_at_most(monkeypatch: pytest.MonkeyPatch) -
         error.value
     assert not replaced[0].gpu.is_available()
     np.testing.assert_array_equal(result, 0)
+
+
+def test_a_launch_that_finds_the_gpu_gone_twice_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    veda.init(device_probe=FakeProbe(count=2))
+    lookups: list[int] = []
+
+    def replaced_meanwhile(ordinal: int) -> Any:  # each lookup finds another runtime installed
+        lookups.append(ordinal)
+        veda.init(device_probe=FakeProbe(count=2))
+        raise GPUUnavailableError(f"no GPU: lookup {len(lookups)}")
+
+    monkeypatch.setattr(registry, "cuda_backend", replaced_meanwhile)
+    kernel = gpu_kernel(cpu=add_on_cpu, outputs=("result",))(add_kernel.dispatcher)
+    with pytest.raises(GPUUnavailableError, match="lookup 2") as error:
+        kernel(rand(8), rand(8), np.zeros(8, np.float32))
+    assert lookups == [0, 0] and str(error.value.__context__) == "no GPU: lookup 1"
+
+
+def test_a_rerouted_failure_keeps_a_context_of_its_own(
+        fake_gpu: dict[int, RecordingBackend], monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails_in_its_handler(a: np.ndarray, b: np.ndarray, result: np.ndarray) -> None:
+        try:
+            {}["missing"]
+        except KeyError:
+            raise ArithmeticError("cpu= failed") from None
+
+    monkeypatch.setattr(registry, "cuda_backend", MeetsALostContext)
+    kernel = gpu_kernel(cpu=fails_in_its_handler)(add_kernel.dispatcher)
+    with pytest.raises(ArithmeticError, match="cpu= failed") as error:
+        kernel(rand(8), rand(8), np.zeros(8, np.float32))
+    assert isinstance(error.value.__context__, KeyError)
 
 
 # --- the fast launch path's pieces (no driver needed) ---------------------------------------

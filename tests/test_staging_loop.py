@@ -270,6 +270,16 @@ def test_driver_errors_name_the_status() -> None:
     assert is_gpu_failure(error) and depends_on_the_moment(error) and loses_context(error)
 
 
+def test_a_failed_context_query_raises_the_driver_error() -> None:
+    driver = FakeErrorDriver()
+    driver.cuCtxGetCurrent = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))(
+        lambda handle: 201)
+    calls = DriverCalls(ctypes.CDLL(None), driver)  # type: ignore[arg-type]
+    with pytest.raises(CUDADriverError,
+                       match=r"^cuCtxGetCurrent failed: CUDA driver status 201 \(CUDA_ERROR_"):
+        calls.current_context()
+
+
 def test_no_driver_calls_without_the_driver_library(monkeypatch: pytest.MonkeyPatch) -> None:
     real = ctypes.CDLL
 

@@ -42,8 +42,8 @@ SECTIONS: list[tuple[str, list[tuple[str, Any]]]] = [
                                      ("vedart.backends.CPUBackend", CPUBackend),
                                      ("vedart.backends.get_backend", get_backend)]),
     ("Errors and warnings", [(name, getattr(vedart, name)) for name in (
-        "VedaError", "ConfigError", "DeviceError", "GPUUnavailableError", "KernelLaunchError",
-        "OffloadError", "OffloadWarning", "ParIterError", "SchedulerUnavailableError",
+        "VedaError", "ConfigError", "DeviceError", "GPUUnavailableError", "CUDADriverError",
+        "KernelLaunchError", "OffloadError", "OffloadWarning", "ParIterError", "SchedulerUnavailableError",
         "SimulatorWarning")]),
 ]
 

@@ -7,6 +7,7 @@ from vedart._version import __version__
 from vedart.config import Config, ConfigBuilder
 from vedart.errors import (
     ConfigError,
+    CUDADriverError,
     DeviceError,
     GPUUnavailableError,
     KernelLaunchError,
@@ -31,6 +32,7 @@ __all__ = [
     "Config",
     "ConfigBuilder",
     "ConfigError",
+    "CUDADriverError",
     "Decision",
     "DeviceError",
     "DeviceInfo",

@@ -337,18 +337,18 @@ class DriverCalls:
         handle = ctypes.c_void_p()
         status = self._get_context(ctypes.byref(handle))
         if status != 0:
-            raise CUDADriverError(f"cuCtxGetCurrent failed with CUDA status {status}")
+            raise self.error(status, "cuCtxGetCurrent failed")
         return handle.value or 0
 
-    def error(self, status: int) -> CUDADriverError:
-        """The error to raise for a failed CUDA driver call's ``status``, named as the driver
-        names it."""
+    def error(self, status: int, what: str = "copying to the device failed") -> CUDADriverError:
+        """The error to raise for a failed CUDA driver call's ``status``: ``what`` failed, and
+        the status as the driver names it."""
         name, text = ctypes.c_char_p(), ctypes.c_char_p()
         self._error_name(status, ctypes.byref(name))
         self._error_text(status, ctypes.byref(text))
-        return CUDADriverError(f"copying to the device failed: CUDA driver status {status} "
-                            f"({(name.value or b'unknown').decode()}: "
-                            f"{(text.value or b'no description').decode()})")
+        return CUDADriverError(f"{what}: CUDA driver status {status} "
+                               f"({(name.value or b'unknown').decode()}: "
+                               f"{(text.value or b'no description').decode()})")
 
 
 # Fields of a crew's board (an int64 array): the transfer, the stop flag, how many members the

@@ -181,6 +181,7 @@ class KernelHandle:
                 call = bind(self.parameters, args, route.device_type, route.adopt, route.reason)
                 if route.path != "gpu":
                     self._on_host(route, call, dims)
+                    met = None  # its traceback holds this frame: no cycle left behind
                     return
                 ordinal = route.default_device if call.device_ordinal is None else \
                     call.device_ordinal
@@ -196,6 +197,7 @@ class KernelHandle:
                     continue
                 try:
                     self._on_gpu(route, backend, call, dims)
+                    met = None
                     return
                 except Exception as error:
                     if not loses_context(error):
