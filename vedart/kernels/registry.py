@@ -174,49 +174,55 @@ class KernelHandle:
     def _launch(self, args: tuple[Any, ...], dims: LaunchDims | None) -> None:
         route = self._route
         met: BaseException | None = None  # what sent this launch off its GPU route, if anything
-        while True:  # twice at most: a second pass never reroutes
-            if _stale(route):
-                route = self._refresh()  # after init or shutdown, or a lost CUDA context
-            try:
+        try:
+            while True:  # twice at most: a second pass never reroutes
+                if _stale(route):
+                    route = self._refresh()  # after init or shutdown, or a lost CUDA context
                 call = bind(self.parameters, args, route.device_type, route.adopt, route.reason)
                 if route.path != "gpu":
                     self._on_host(route, call, dims)
-                    met = None  # its traceback holds this frame: no cycle left behind
                     return
-                ordinal = route.default_device if call.device_ordinal is None else \
-                    call.device_ordinal
-                try:
-                    backend = cuda_backend(ordinal)
-                except GPUUnavailableError as error:
-                    # The GPU went away after this launch read its route (another thread's
-                    # launch lost the context, or init or shutdown ran): nothing has run, and
-                    # the launch goes where it would have gone a moment later.
-                    if met is not None or not _stale(route):
-                        raise
-                    met = error
-                    continue
-                try:
-                    self._on_gpu(route, backend, call, dims)
-                    met = None
+                met = self._on_gpu_unless_lost(route, call, dims, rerouted=met is not None)
+                if met is None:
                     return
-                except Exception as error:
-                    if not loses_context(error):
-                        raise
-                    # Nothing more runs on this GPU: every caller's own route turns to where a
-                    # missing GPU sends it. The launch that lost the context raises its error,
-                    # as does one given device arrays (the kernel may have written to them);
-                    # one that met a context another launch had lost already is routed anew,
-                    # its caller's arrays as they were (copies back come only after success).
-                    first = route.gpu.disable(
-                        f"{failure_summary(error)} (in kernel {self.qualified_name}); the CUDA "
-                        "context is lost for this process: restart it to use the GPU")
-                    if first or call.device or met is not None:
-                        raise
-                    met = error
-            except BaseException as failure:
-                if met is not None and failure is not met and failure.__context__ is None:
-                    failure.__context__ = met  # the rerouted launch failed: say what sent it
+        except BaseException as failure:
+            if met is not None and failure is not met and failure.__context__ is None:
+                failure.__context__ = met  # the rerouted launch failed: say what sent it
+            raise
+        finally:
+            met = None  # its traceback holds this frame: no cycle left behind
+
+    def _on_gpu_unless_lost(self, route: _Route, call: BoundCall, dims: LaunchDims | None,
+                            rerouted: bool) -> BaseException | None:
+        """Run ``call`` on ``route``'s GPU: None once it ran. Where another launch lost the
+        CUDA context, before this one started or during it, the error met, for the launch to
+        be routed anew: not once ``rerouted`` already, nor with device arrays, which the
+        kernel may have written to; those raise, as does the launch that lost the context."""
+        ordinal = route.default_device if call.device_ordinal is None else call.device_ordinal
+        try:
+            backend = cuda_backend(ordinal)
+        except GPUUnavailableError as error:
+            # The GPU went away after this launch read its route (another thread's launch
+            # lost the context, or init or shutdown ran): nothing has run, and the launch goes
+            # where it would have gone a moment later.
+            if rerouted or not _stale(route):
                 raise
+            return error
+        try:
+            self._on_gpu(route, backend, call, dims)
+        except Exception as error:
+            if not loses_context(error):
+                raise
+            # Nothing more runs on this GPU: every caller's own route turns to where a missing
+            # GPU sends it. Copies back come only after success, so a launch routed anew finds
+            # its caller's arrays as they were.
+            first = route.gpu.disable(
+                f"{failure_summary(error)} (in kernel {self.qualified_name}); the CUDA "
+                "context is lost for this process: restart it to use the GPU")
+            if first or call.device or rerouted:
+                raise
+            return error
+        return None
 
     def _refresh(self) -> _Route:
         """Rebuild the route for the current runtime (first call, after init or shutdown)."""

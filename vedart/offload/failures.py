@@ -61,8 +61,9 @@ def is_gpu_failure(error: BaseException) -> bool:
     return any(text in message for text in _MISSING_IMPLEMENTATION_TEXT)
 
 
-# CuPy's, Numba's driver error and cuda.core's (the two a kernel launch raises); vedart's own
-# driver calls raise CUDADriverError.
+# By class name, for classes of the GPU packages: CuPy's three, Numba's driver error and
+# cuda.core's (the two a kernel launch raises). vedart's own CUDADriverError (its driver calls)
+# is matched by class.
 _DEVICE_STATE_ERRORS = ("OutOfMemoryError", "CUDARuntimeError", "CUDADriverError",
                         "CudaAPIError", "CUDAError")
 

@@ -47,7 +47,7 @@ from vedart.parallel.dask_payload import (
     with_failures,
     without_failures,
 )
-from vedart.parallel.dask_shared import SharedRing
+from vedart.parallel.dask_shared import SharedBatch, SharedRing
 from vedart.parallel.elementwise import Step
 from vedart.parallel.scheduler import ChunkPolicy, WindowedReader, shut_down_error
 from vedart.telemetry import Telemetry
@@ -361,17 +361,24 @@ class DaskReader(WindowedReader[_Submitted]):
         in one submission, and push their tasks in the order read; a batch of failures alone
         is not sent, they pass through."""
         batches = [sent for sent, failures in read if len(failures) < len(sent)]
-        if not batches:
-            for sent, failures in read:
-                self._push(_Submitted(None, sent, failures))
-            return
-        ring = self._cluster.shared_ring()
+        ring = self._cluster.shared_ring() if batches else None
         shipped = [None if ring is None else ring.ship(batch) for batch in batches]
+        futures = self._map(batches, shipped, ring) if batches else []
+        sent_tasks = iter(zip(futures, shipped))
+        for batch, failures in read:
+            future, ship = next(sent_tasks) if len(failures) < len(batch) else (None, None)
+            self._push(_Submitted(future, batch, failures) if ship is None
+                       else _Submitted(future, batch, failures, ring, ship[1]))
+
+    def _map(self, batches: list[Batch], shipped: list[tuple[SharedBatch, int] | None],
+             ring: SharedRing | None) -> list[Any]:
+        """One task per batch, in one submission (a batch ``shipped`` through ``ring`` is sent
+        as its shared-memory handle); a failed submission releases the spans shipped."""
         payloads = [batch if ship is None else ship[0] for batch, ship in zip(batches, shipped)]
         count = len(batches)
         try:
-            futures = self._cluster.client.map(run_batch, [self._steps] * count, payloads,
-                                               [self._forced] * count, pure=False)
+            return self._cluster.client.map(  # type: ignore[no-any-return]
+                run_batch, [self._steps] * count, payloads, [self._forced] * count, pure=False)
         except Exception as error:
             for ship in shipped:
                 if ship is not None and ring is not None:
@@ -380,11 +387,6 @@ class DaskReader(WindowedReader[_Submitted]):
                 raise self._cluster.gone(f"the client was closed ({type(error).__name__}: "
                                          f"{error})") from error
             raise
-        sent_tasks = iter(zip(futures, shipped))
-        for batch, failures in read:
-            future, ship = next(sent_tasks) if len(failures) < len(batch) else (None, None)
-            self._push(_Submitted(future, batch, failures) if ship is None
-                       else _Submitted(future, batch, failures, ring, ship[1]))
 
     def _await(self, task: _Submitted) -> Batch:
         if task.future is None:
