@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 
 import numpy as np
 import pytest
 
-from vedart.gpu.bounce import BounceBuffers, pinned_slots
+from vedart.gpu.bounce import BounceBuffers, _SwitchInterval, pinned_slots
 
 
 class HostSide:
@@ -116,3 +117,15 @@ def test_slots_come_all_or_none() -> None:
     arrays = pinned_slots(lambda shape, dtype: np.empty(shape, dtype), slots=4, slot_bytes=64)
     assert arrays is not None and [a.shape for a in arrays] == [(64,)] * 4
     assert all(a.dtype == np.uint8 for a in arrays)
+
+
+def test_the_switch_interval_is_the_least_asked_for_until_the_last_holder_leaves() -> None:
+    interval, before = _SwitchInterval(), sys.getswitchinterval()
+    assert before > 1e-3  # the interpreter's default, 5 ms
+    with interval.lowered(1e-3):
+        assert sys.getswitchinterval() == pytest.approx(1e-3)
+        with interval.lowered(1e-4):  # a bounce copy while the loop loads
+            assert sys.getswitchinterval() == pytest.approx(1e-4)
+        with interval.lowered(5e-4):  # never raised while held
+            assert sys.getswitchinterval() == pytest.approx(1e-4)
+    assert sys.getswitchinterval() == before

@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -168,6 +169,25 @@ def test_a_staging_loop_loading_at_the_fork_loads_afresh_in_the_child(
     finally:
         release.set()
         assert STAGING_LOOP.wait(10) == "loaded"
+
+
+def test_a_child_forked_while_the_loop_loads_gets_the_switch_interval_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vedart.gpu.transfer import STAGING_LOOP
+
+    for name in ("_load", "_lock", "_loaded", "_thread", "_calls"):  # restored at the end
+        monkeypatch.setattr(STAGING_LOOP, name, getattr(STAGING_LOOP, name))
+    before, release = sys.getswitchinterval(), threading.Event()
+    STAGING_LOOP.forget()
+    STAGING_LOOP._load = lambda: release.wait(10) and "loaded"
+    assert STAGING_LOOP.calls() is None  # loading, with the interval lowered meanwhile
+    try:
+        assert sys.getswitchinterval() < before
+        assert in_forked_child(sys.getswitchinterval) == before  # no loader thread there
+    finally:
+        release.set()
+        assert STAGING_LOOP.wait(10) == "loaded"
+    assert sys.getswitchinterval() == before
 
 
 class Guarded:

@@ -309,6 +309,25 @@ def test_the_staging_loop_loads_in_the_background_once_and_no_caller_waits() -> 
     assert load.started == 1
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_switch_interval_is_lowered_while_the_loop_loads_and_restored_after(
+        fails: bool) -> None:
+    before, seen = sys.getswitchinterval(), []
+
+    def load() -> object:
+        seen.append(sys.getswitchinterval())
+        if fails:
+            raise OSError("cannot compile")
+        return "calls"
+
+    loader = LoopLoader(load)  # type: ignore[arg-type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert loader.wait(timeout=5) == (None if fails else "calls")
+    assert seen == [pytest.approx(transfer.LOADING_SWITCH_S)] and before > seen[0]
+    assert sys.getswitchinterval() == before
+
+
 def test_a_staging_loop_that_cannot_load_warns_once_and_leaves_copies_direct() -> None:
     load = BlockingLoad(error=OSError("cannot compile"))
     load.release.set()

@@ -12,6 +12,7 @@ first (:meth:`vedart.gpu.transfer.TransferEngine.prepare`).
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -31,28 +32,38 @@ BOUNCE_SWITCH_S = 50e-6
 
 
 class _SwitchInterval:
-    """Lowers ``sys.setswitchinterval`` while any bounce copy runs, restoring it after the last
-    (copies to several devices may overlap)."""
+    """Lowers ``sys.setswitchinterval`` while anything holds it lowered (bounce copies, to
+    several devices at once, and the staging loop's loading), to the least interval any of
+    them asked for, restoring it after the last. A forked child, which has none of the threads
+    that lowered it, gets it back at once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active = 0
         self._saved = 0.0
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
 
     @contextmanager
     def lowered(self, seconds: float) -> Iterator[None]:
         with self._lock:
             if self._active == 0:
                 self._saved = sys.getswitchinterval()
-                sys.setswitchinterval(min(seconds, self._saved))
+            if seconds < sys.getswitchinterval():  # setting it again would round it down
+                sys.setswitchinterval(seconds)
             self._active += 1
         try:
             yield
         finally:
             with self._lock:
-                self._active -= 1
+                self._active = max(self._active - 1, 0)  # 0 already: forked meanwhile
                 if self._active == 0:
                     sys.setswitchinterval(self._saved)
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        if self._active:
+            sys.setswitchinterval(self._saved)
+        self._active = 0
 
 
 SWITCH_INTERVAL = _SwitchInterval()
