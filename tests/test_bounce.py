@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
+import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -128,4 +131,74 @@ def test_the_switch_interval_is_the_least_asked_for_until_the_last_holder_leaves
             assert sys.getswitchinterval() == pytest.approx(1e-4)
         with interval.lowered(5e-4):  # never raised while held
             assert sys.getswitchinterval() == pytest.approx(1e-4)
+    assert sys.getswitchinterval() == before
+
+
+def test_restoring_the_switch_interval_loses_nothing_to_rounding() -> None:
+    interval, before = _SwitchInterval(), sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(200e-6)  # kept as 199 us; read back and set again, 198 us
+        own = sys.getswitchinterval()
+        for _ in range(100):
+            with interval.lowered(5e-5):
+                pass
+        assert sys.getswitchinterval() == own
+    finally:
+        sys.setswitchinterval(before)
+
+
+def _in_child(check: Callable[[], bool]) -> int:
+    """In a child forked now: exit 0 if ``check()``, else 1; in this process: the child's exit
+    code. (os.fork directly: the child goes on from where this thread is.)"""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if check() else 1)
+        finally:
+            os._exit(2)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_fork_waits_for_a_change_of_the_switch_interval_under_way() -> None:
+    interval, before = _SwitchInterval(), sys.getswitchinterval()
+    released: list[float] = []
+    interval._lock.acquire()  # a thread between lowering the interval and counting itself
+
+    def finish() -> None:
+        time.sleep(0.2)
+        released.append(time.monotonic())
+        interval._lock.release()
+
+    threading.Thread(target=finish).start()
+    assert _in_child(lambda: sys.getswitchinterval() == before) == 0
+    forked = time.monotonic()
+    assert released and forked >= released[0]
+
+
+def test_a_holder_that_forked_leaves_the_interval_to_the_childs_own_holders() -> None:
+    interval, before = _SwitchInterval(), sys.getswitchinterval()
+    entered, release = threading.Event(), threading.Event()
+    child = -1
+    with interval.lowered(1e-3):
+        child = os.fork()
+        if child == 0:  # this thread, in the child, still inside lowered(); none holds it here
+            given_back = sys.getswitchinterval() == before
+
+            def hold() -> None:
+                with interval.lowered(5e-5):
+                    entered.set()
+                    release.wait(10)
+
+            holder = threading.Thread(target=hold)
+            holder.start()
+            entered.wait(10)
+    if child == 0:
+        try:
+            held = sys.getswitchinterval() == pytest.approx(5e-5)  # still the holder's
+            release.set()
+            holder.join(10)
+            os._exit(0 if given_back and held and sys.getswitchinterval() == before else 1)
+        finally:
+            os._exit(2)
+    assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
     assert sys.getswitchinterval() == before

@@ -33,37 +33,53 @@ BOUNCE_SWITCH_S = 50e-6
 
 class _SwitchInterval:
     """Lowers ``sys.setswitchinterval`` while anything holds it lowered (bounce copies, to
-    several devices at once, and the staging loop's loading), to the least interval any of
-    them asked for, restoring it after the last. A forked child, which has none of the threads
-    that lowered it, gets it back at once."""
+    several devices at once, and the staging loop's loading): to the least interval asked for
+    since nothing held it, restoring the interval found then after the last holder leaves. A
+    forked child gets that interval back at once: the threads holding it lowered are not there,
+    and a holder that forked leaves it without effect there."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active = 0
         self._saved = 0.0
-        os.register_at_fork(after_in_child=self._after_fork_in_child)
+        self._generation = 0  # one more in each forked child
+        # A fork waits for a change under way, so that the child finds the count and the
+        # interval agreeing. Looked up at each fork: a child replaces the lock.
+        os.register_at_fork(before=lambda: self._lock.acquire(),
+                            after_in_parent=lambda: self._lock.release(),
+                            after_in_child=self._after_fork_in_child)
 
     @contextmanager
     def lowered(self, seconds: float) -> Iterator[None]:
         with self._lock:
             if self._active == 0:
                 self._saved = sys.getswitchinterval()
-            if seconds < sys.getswitchinterval():  # setting it again would round it down
+            if seconds < sys.getswitchinterval():  # never raised while held
                 sys.setswitchinterval(seconds)
             self._active += 1
+            generation = self._generation
         try:
             yield
         finally:
             with self._lock:
-                self._active = max(self._active - 1, 0)  # 0 already: forked meanwhile
-                if self._active == 0:
-                    sys.setswitchinterval(self._saved)
+                if generation == self._generation:  # else entered before a fork, here undone
+                    self._active -= 1
+                    if self._active == 0:
+                        _restore(self._saved)
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
         if self._active:
-            sys.setswitchinterval(self._saved)
+            _restore(self._saved)
         self._active = 0
+        self._generation += 1
+
+
+def _restore(seconds: float) -> None:
+    """Set the switch interval to ``seconds`` read from ``sys.getswitchinterval``: the
+    interpreter keeps whole microseconds, truncating, so the value read back is set with half
+    a microsecond added, or each restore would lose one."""
+    sys.setswitchinterval(seconds + 0.5e-6)
 
 
 SWITCH_INTERVAL = _SwitchInterval()

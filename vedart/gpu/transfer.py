@@ -65,7 +65,8 @@ HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable (CuPy names no constant f
 # time only after the interval while the caller's thread runs Python: with the default 5 ms, a
 # caller looping in Python kept the loop from loading for 12-30 s and more, cache or not; with
 # 0.1 ms it was ready 2.5-2.9 s after the import, against 2.1-2.3 s beside an idle caller
-# (H100 80GB HBM3, 2026-11-27). The caller pays only the hand-overs the loading asks for.
+# (H100 80GB HBM3, 2026-11-27). The interval is the process's: for those seconds any thread
+# waiting for the lock takes it after 0.1 ms, the program's own threads among them.
 LOADING_SWITCH_S = 100e-6
 T = TypeVar("T")
 
