@@ -28,6 +28,18 @@ def test_init_replaces_and_closes_the_previous_runtime() -> None:
     assert veda.get_runtime() is second and second.config.threads == 2
 
 
+@pytest.mark.parametrize("given, hint", [("threads", ""), ({"threads": 4}, ""),
+                                         (veda.Config.builder().threads(4), " (call .build() "
+                                          "on the builder)")])
+def test_init_with_something_else_than_a_config_raises_and_leaves_the_runtime_running(
+        given: object, hint: str) -> None:
+    running = veda.init(veda.Config.builder().threads(1).build(), device_probe=FakeProbe())
+    with pytest.raises(veda.ConfigError) as raised:
+        veda.init(given)  # type: ignore[arg-type]
+    assert str(raised.value) == f"config: got {given!r}; allowed: a vedart.Config or None{hint}"
+    assert not running.closed and veda.get_runtime() is running
+
+
 def test_shutdown_closes_and_next_get_runtime_builds_a_fresh_one() -> None:
     probe = FakeProbe()
     runtime = veda.init(device_probe=probe)

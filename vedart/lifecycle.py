@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vedart.config import Config
+from vedart.errors import ConfigError
 from vedart.locks import renew_in_child
 
 if TYPE_CHECKING:
@@ -75,7 +76,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def init(config: Config | None = None, *, device_probe: Any = None) -> Runtime:
     """Close the current runtime and install a new one built from ``config`` (default: defaults
-    + ``VEDART_*``). If building fails (a ConfigError for an absent device, say), the error
+    + ``VEDART_*``); ConfigError, the current runtime left running, when ``config`` is not a
+    Config. If building fails (a ConfigError for an absent device, say), the error
     propagates and the next ``get_runtime`` builds a default runtime. ``device_probe`` (a
     :class:`vedart.gpu.devices.DeviceProbe`) replaces CUDA/NVML discovery, for tests and
     custom setups.
@@ -85,6 +87,9 @@ def init(config: Config | None = None, *, device_probe: Any = None) -> Runtime:
     closed when the new one is installed."""
     global current, _inherited
     config = Config.builder().build() if config is None else config
+    if not isinstance(config, Config):  # before the current runtime is closed
+        hint = " (call .build() on the builder)" if hasattr(config, "build") else ""
+        raise ConfigError(f"config: got {config!r}; allowed: a vedart.Config or None{hint}")
     with _lock:
         previous, current, _inherited = current, None, None
     if previous is not None:
