@@ -5,6 +5,7 @@ progress display."""
 from __future__ import annotations
 
 import functools
+import gc
 import io
 import itertools
 import sys
@@ -12,6 +13,7 @@ import threading
 import time
 import tracemalloc
 import types
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -142,6 +144,37 @@ def test_terminals_equal_builtins(items: list[int], chunk_size: int | None) -> N
     assert sorted(seen) == sorted(items)
     if items:
         assert pipeline.reduce(sub) == functools.reduce(sub, items)
+
+
+class Item:
+    """An item whose lifetime a test follows."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _fails_at_ten(item: Item) -> int:
+    if item.index == 10:
+        raise ValueError("item 10")
+    return item.index
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_finished_pipeline_keeps_none_of_its_items(fails: bool) -> None:
+    items = [Item(i) for i in range(30)]
+    alive = [weakref.ref(item) for item in items]
+    stage = _fails_at_ten if fails else (lambda item: item)
+    try:
+        veda.par_iter(items).map(stage).collect()
+    except ParIterError:
+        pass
+    del items
+    for _ in range(200):  # until the worker threads are back waiting for work
+        gc.collect()
+        if not any(ref() is not None for ref in alive):
+            break
+        time.sleep(0.01)
+    assert [ref() for ref in alive if ref() is not None] == []
 
 
 def test_empty_pipeline_terminals_raise_like_builtins() -> None:

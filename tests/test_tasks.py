@@ -3,10 +3,12 @@ FIFO order, idle counts, and closing with or without the queued tasks."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from concurrent.futures import CancelledError
 
 import pytest
@@ -123,6 +125,39 @@ def test_closing_cancels_or_drains_the_queue_and_refuses_new_tasks(cancel_queued
     with pytest.raises(CancelledError):
         late.result()
     assert not any(thread.name.startswith("test-close") for thread in threading.enumerate())
+
+
+class Payload:
+    """A value whose lifetime a test follows."""
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_worker_thread_keeps_nothing_of_its_last_task(fails: bool) -> None:
+    pool = TaskThreads(1, "test-keep")
+    payloads: list[weakref.ref[Payload]] = []
+
+    def work() -> Payload:
+        payload = Payload()
+        payloads.append(weakref.ref(payload))
+        if fails:  # the traceback holds the frame, and with it the payload
+            raise ValueError("item failed")
+        return payload
+
+    task = pool.submit(Task(work))
+    if fails:
+        with pytest.raises(ValueError):
+            task.result()
+    else:
+        task.result()
+    del task
+    for _ in range(200):  # until the thread is back waiting for a next task, which never comes
+        gc.collect()  # the failure's traceback and its frames hold one another
+        if payloads[0]() is None:
+            break
+        time.sleep(0.01)
+    assert payloads[0]() is None  # what the waiter dropped is gone
+    pool.close(cancel_queued=False)
+    pool.join()
 
 
 def test_waiting_without_time_only_looks() -> None:

@@ -191,6 +191,9 @@ class TaskThreads:
                 return
             if task.claim():
                 task.run()
+            # Its value (or its error's traceback, the items of the batch it failed in) is the
+            # waiter's to keep: not this thread's until its next task.
+            del task
 
 
 def drain(source: queue.SimpleQueue[T]) -> list[T]:
