@@ -463,6 +463,25 @@ def test_an_address_that_does_not_answer_raises_within_the_timeout() -> None:
         veda.init(config.build())
 
 
+def test_a_malformed_address_is_named() -> None:
+    config = veda.Config.builder().scheduler("dask").dask_address("not an address").build()
+    with pytest.raises(veda.ConfigError, match=r"^dask_address: got 'not an address'; allowed: "
+                                               r"a Dask scheduler address such as "):
+        veda.init(config)
+
+
+def test_a_closed_client_is_refused_at_init_and_fails_a_later_pipeline(cluster: Any) -> None:
+    with distributed.Client(cluster, set_as_default=False) as own:
+        on_dask(own)
+    assert own.status == "closed"
+    with pytest.raises(veda.ParIterError, match=r"^par_iter cancelled: the Dask scheduler at "
+                                                r"tcp://\S+ went away: the client was closed"):
+        veda.par_iter(range(4)).map(abs).collect()
+    with pytest.raises(veda.ConfigError, match=r"^dask_client: got a distributed.Client whose "
+                                               r"status is 'closed'; allowed: a running Client$"):
+        on_dask(own)
+
+
 @pytest.mark.parametrize("module, extra", [("distributed", "dask"), ("dask_cuda", "dask-cuda")])
 def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch, module: str,
                                   extra: str) -> None:

@@ -163,6 +163,9 @@ class DaskCluster:
         cluster = None
         if config.dask_client is not None:
             client = config.dask_client
+            if client.status != "running":  # a closed client has no scheduler to name
+                raise ConfigError(f"dask_client: got a distributed.Client whose status is "
+                                  f"{client.status!r}; allowed: a running Client")
         elif config.dask_address is not None:
             try:
                 client = distributed.Client(config.dask_address, timeout=config.dask_timeout,
@@ -171,6 +174,10 @@ class DaskCluster:
                 raise SchedulerUnavailableError(
                     f"dask_address: the Dask scheduler at {config.dask_address!r} did not "
                     f"answer within dask_timeout={config.dask_timeout:g} s ({error})") from error
+            except ValueError as error:  # distributed cannot parse it
+                raise ConfigError(f"dask_address: got {config.dask_address!r}; allowed: a Dask "
+                                  f"scheduler address such as 'tcp://host:8786' ({error})"
+                                  ) from error
         else:
             cluster = embedded_cluster(config, gpus)
             try:
@@ -200,7 +207,10 @@ class DaskCluster:
         return self._address
 
     def threads(self) -> int:
-        """Task threads over all workers now (at least 1)."""
+        """Task threads over all workers now (at least 1); ParIterError when the client was
+        closed (a pipeline started after it was)."""
+        if self.client.status in ("closing", "closed"):
+            raise self.gone("the client was closed")
         return max(1, sum(self.client.nthreads().values()))
 
     def result(self, future: Any) -> Any:
