@@ -463,6 +463,18 @@ def test_an_address_that_does_not_answer_raises_within_the_timeout() -> None:
         veda.init(config.build())
 
 
+def test_arrays_come_back_from_the_workers_with_their_dtype_and_layout(client: Any) -> None:
+    rng = np.random.default_rng()
+    arrays = [rng.random(50).astype(">f4"), np.asfortranarray(rng.random((4, 3))),
+              rng.integers(-9, 9, 20).astype(">i8"), rng.random(300_000).astype(">f8")]
+    on_dask(client)
+    got = veda.par_iter(arrays, chunk_size=2).map(same_array).collect()
+    assert [array.dtype.str for array in got] == [array.dtype.str for array in arrays]
+    assert got[1].flags.f_contiguous
+    for result, array in zip(got, arrays):
+        np.testing.assert_array_equal(result, array)
+
+
 def test_a_malformed_address_is_named() -> None:
     config = veda.Config.builder().scheduler("dask").dask_address("not an address").build()
     with pytest.raises(veda.ConfigError, match=r"^dask_address: got 'not an address'; allowed: "

@@ -267,9 +267,12 @@ def _on_lanes(step: Step, batch: Batch, runtime: Runtime) -> Batch:
 
 
 def run_batch(steps: bytes, batch: Batch | SharedBatch, forced: str | None
-              ) -> tuple[Batch, float]:
+              ) -> tuple[list[Any], list[int], dict[int, ItemFailure], float]:
     """The Dask task: the chain ``steps`` over ``batch`` (loaded first when it came through
-    shared memory) under ``veda.force(forced)``, and the seconds it took."""
+    shared memory) under ``veda.force(forced)``: the result batch's items, origins and failures
+    (:func:`received` makes it again), and the seconds it took. Not the Batch itself: an array
+    inside an object Dask pickles (a dataclass like Batch) came back to the client in native
+    byte order, one returned in a plain list as it was (distributed 2026.8)."""
     chain = _loaded(steps)
     if isinstance(batch, SharedBatch):  # views for uploads to a GPU, else a copy (load())
         batch = batch.load(private=not (get_runtime().gpu and any(
@@ -285,7 +288,14 @@ def run_batch(steps: bytes, batch: Batch | SharedBatch, forced: str | None
         _check_travels(result)
     except Exception:  # noqa: BLE001  # some result or exception cannot travel: find which
         result = _sendable(result, chain[-1].label)
-    return result, seconds
+    return result.items, result.origins, result.failures, seconds
+
+
+def received(answer: tuple[list[Any], list[int], dict[int, ItemFailure], float]
+             ) -> tuple[Batch, float]:
+    """The result batch and seconds of a :func:`run_batch` answer."""
+    items, origins, failures, seconds = answer
+    return Batch(items, origins, failures), seconds
 
 
 def _sendable(batch: Batch, last_stage: str) -> Batch:

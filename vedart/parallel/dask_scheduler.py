@@ -43,6 +43,7 @@ from vedart.parallel.dask_payload import (
     check_batch,
     encode_steps,
     failed_batch,
+    received,
     run_batch,
     with_failures,
     without_failures,
@@ -402,7 +403,7 @@ class DaskReader(WindowedReader[_Submitted]):
         if task.future is None:
             return with_failures(task.batch, task.upstream_failures)
         try:
-            result, seconds = self._cluster.result(task.future)
+            result, seconds = received(self._cluster.result(task.future))
         except ParIterError:
             raise
         except Exception as error:  # noqa: BLE001  # the task failed as a whole
