@@ -305,6 +305,73 @@ def test_a_later_stage_failing_on_one_value_of_a_flat_map_fails_that_value_alone
     assert [type(value) for value in returned].index(ZeroDivisionError) == 1
 
 
+def _triple_unless_3_mod_7(x: int) -> int:
+    if x % 7 == 3:
+        raise ValueError(f"map of {x}")
+    return x * 3 + 1
+
+
+def _even_unless_5_mod_11(x: int) -> bool:
+    if x % 11 == 5:
+        raise KeyError(f"filter of {x}")
+    return x % 2 == 0
+
+
+def _some_neighbours_unless_6_mod_13(x: int) -> list[int]:
+    if x % 13 == 6:
+        raise ZeroDivisionError(f"flat_map of {x}")
+    return [x, x + 1][:x % 3]
+
+
+ELEMENTWISE = {"map": _triple_unless_3_mod_7, "filter": _even_unless_5_mod_11,
+               "flat_map": _some_neighbours_unless_6_mod_13}
+
+
+def _shown(values: list[Any]) -> list[Any]:
+    return [(type(value).__name__, str(value)) if isinstance(value, Exception) else value
+            for value in values]
+
+
+def _item_by_item(items: list[int], kinds: list[str]) -> list[Any]:
+    """What the stages make of each item in turn, an exception in the place of each value a
+    stage failed on (the values a flat_map made are items of their own)."""
+    made: list[Any] = []
+    for item in items:
+        values: list[Any] = [item]
+        for kind in kinds:
+            function, after = ELEMENTWISE[kind], []
+            for value in values:
+                try:
+                    if isinstance(value, Exception):
+                        after.append(value)
+                    elif kind == "map":
+                        after.append(function(value))
+                    elif kind == "filter":
+                        after += [value] if function(value) else []
+                    else:
+                        after += function(value)
+                except Exception as error:  # noqa: BLE001  # kept in its place
+                    after.append(error)
+            values = after
+        made += values
+    return made
+
+
+@examples
+@given(items=st.lists(st.integers(0, 300), max_size=80),
+       kinds=st.lists(st.sampled_from(sorted(ELEMENTWISE)), min_size=1, max_size=4),
+       chunk_size=chunk_sizes)
+def test_fused_element_wise_stages_answer_as_each_item_in_turn(
+        items: list[int], kinds: list[str], chunk_size: int | None) -> None:
+    pipeline = par_iter(items, chunk_size=chunk_size)
+    for kind in kinds:
+        pipeline = getattr(pipeline, kind)(ELEMENTWISE[kind])
+    expected = _item_by_item(items, kinds)
+    assert _shown(pipeline.collect(errors="return")) == _shown(expected)
+    assert pipeline.collect(errors="skip") == [value for value in expected
+                                               if not isinstance(value, Exception)]
+
+
 def test_a_source_longer_than_len_can_tell_runs_as_any_other() -> None:
     assert par_iter(range(2**63)).any()
     assert par_iter(range(2**63)).async_map(str).any()
