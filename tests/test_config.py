@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -9,6 +10,7 @@ from fakes import FakeProbe
 
 import vedart as veda
 from vedart.config import FIELD_SPECS, Config
+from vedart.errors import ConfigError
 from vedart.units import format_bytes, parse_size
 
 
@@ -103,6 +105,24 @@ def test_bad_env_values_raise_at_build(variable: str, text: str, expected: str) 
     with pytest.raises(veda.ConfigError) as caught:
         veda.Config.builder().build(environ={variable: text})
     assert expected in str(caught.value)
+
+
+def test_numpy_numbers_paths_and_any_case_are_taken_and_normalised(tmp_path: Path) -> None:
+    config = (veda.Config.builder().threads(np.int64(3)).offload_threshold(np.uint32(4096))
+              .devices([np.int64(0)]).dask_timeout(np.int32(5)).dask_workers(np.int16(2))
+              .fallback("RAISE").cost_model("Static").scheduler("Threads")
+              .profile_path(tmp_path / "profile.json").build())
+    assert (config.threads, config.offload_threshold, config.devices, config.dask_workers) == \
+        (3, 4096, (0,), 2)
+    assert [type(value) for value in (config.threads, config.offload_threshold,
+                                      config.devices[0], config.dask_workers)] == [int] * 4
+    assert (config.dask_timeout, config.fallback, config.cost_model, config.scheduler) == \
+        (5.0, "raise", "static", "threads")
+    assert config.profile_path == str(tmp_path / "profile.json")
+    for method, value in [("threads", np.float64(3.0)), ("threads", np.True_),
+                          ("profile_path", 7), ("fallback", 3)]:
+        with pytest.raises(ConfigError, match=f"^{method}: got "):
+            getattr(veda.Config.builder(), method)(value)
 
 
 def test_builder_value_wins_over_a_malformed_env_value() -> None:

@@ -537,6 +537,16 @@ def test_zip_reads_no_iterable_past_the_end_of_an_earlier_one() -> None:
     assert caught.value.index == 2
 
 
+def test_numpy_integers_count_as_ints() -> None:
+    items = list(range(10))
+    pipeline = par_iter(items, chunk_size=np.int64(3))
+    assert pipeline.skip(np.int64(2)).take(np.uint8(5)).collect() == items[2:7]
+    assert pipeline.chunk(np.int32(4)).collect() == [items[:4], items[4:8], items[8:]]
+    assert pipeline.enumerate(np.int64(1)).collect() == list(enumerate(items, 1))
+    with pytest.raises(ConfigError, match=r"take\(n\): got np.True_; allowed: an int >= 0"):
+        pipeline.take(np.True_)
+
+
 @pytest.mark.parametrize(("build", "error", "message"), [
     (lambda: par_iter([1], chunk_size=0), ConfigError,
      "chunk_size: got 0; allowed: None (automatic) or an int >= 1"),

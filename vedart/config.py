@@ -10,6 +10,8 @@ construction of ``Config`` (at construction), so an invalid configuration never 
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -202,24 +204,34 @@ def _bool_from_env(text: str) -> bool:
     raise ValueError(text)
 
 
+def whole_number(value: Any) -> int:
+    """``value`` as an ``int`` when it is a whole number (an ``int``, a NumPy integer, anything
+    ``operator.index`` takes) and not a bool; TypeError otherwise."""
+    if isinstance(value, bool):
+        raise TypeError("a bool")
+    return operator.index(value)
+
+
 def _check_positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    number = whole_number(value)
+    if number < 1:
         raise ValueError("not an int >= 1")
-    return value
+    return number
 
 
 def _check_size(value: Any) -> int:
     if isinstance(value, str):
         return parse_size(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    number = whole_number(value)
+    if number < 0:
         raise ValueError("not a size")
-    return value
+    return number
 
 
 def finite_float(value: Any) -> float:
     """``value``, an int or float (not a bool) a float holds finitely, as a float; TypeError or
     ValueError otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError("not a finite number")
     try:
         number = float(value)
@@ -278,9 +290,9 @@ def _check_devices(value: Any) -> tuple[int, ...] | None:
     ordinals = tuple(value)
     if not ordinals or len(set(ordinals)) != len(ordinals):
         raise ValueError("empty or repeated")
-    for ordinal in ordinals:
-        if isinstance(ordinal, bool) or not isinstance(ordinal, int) or ordinal < 0:
-            raise ValueError("not a device ordinal")
+    ordinals = tuple(whole_number(ordinal) for ordinal in ordinals)
+    if any(ordinal < 0 for ordinal in ordinals):
+        raise ValueError("not a device ordinal")
     return ordinals
 
 
@@ -291,10 +303,10 @@ def _devices_from_env(text: str) -> tuple[int, ...] | None:
 
 
 def _check_choice(words: tuple[str, ...]) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if value not in words:
+    def check(value: Any) -> str:  # any case, as the environment variables and log_level
+        if not isinstance(value, str) or value.lower() not in words:
             raise ValueError("not one of the words")
-        return value
+        return value.lower()
 
     return check
 
@@ -305,6 +317,10 @@ def _check_optional_text(value: Any) -> str | None:
     if not isinstance(value, str) or not value.strip():
         raise ValueError("not a non-empty string")
     return value
+
+
+def _check_optional_path(value: Any) -> str | None:
+    return _check_optional_text(None if value is None else os.fspath(value))
 
 
 def _check_log_level(value: Any) -> str | None:
@@ -361,7 +377,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
         FieldSpec("log_level", "None or one of " + ", ".join(LOG_LEVELS), _check_log_level,
                   _lower),
         FieldSpec("profile_path", "None (the user cache dir) or a non-empty file path",
-                  _check_optional_text, _identity),
+                  _check_optional_path, _identity),
     )
 }
 
@@ -440,7 +456,7 @@ class ConfigBuilder:
     def log_level(self, level: str | None) -> ConfigBuilder:
         return self._set("log_level", level)
 
-    def profile_path(self, path: str | None) -> ConfigBuilder:
+    def profile_path(self, path: str | os.PathLike[str] | None) -> ConfigBuilder:
         return self._set("profile_path", path)
 
     def build(self, environ: Mapping[str, str] | None = None) -> Config:

@@ -32,6 +32,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+from vedart.config import whole_number
 from vedart.errors import ConfigError, OffloadError, OffloadWarning
 from vedart.lifecycle import get_runtime
 from vedart.offload.force import forced_path
@@ -93,10 +94,14 @@ def _check_callable(where: str, value: Any) -> None:
 def _check_int(where: str, value: Any, minimum: int, allowed: str | None = None) -> int:
     """``value`` when it is an int >= ``minimum``, else ConfigError naming ``where``, the value
     and ``allowed`` (default: "an int >= minimum")."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    try:
+        number = whole_number(value)
+    except TypeError:
+        number = None
+    if number is None or number < minimum:
         raise ConfigError(f"{where}: got {value!r}; allowed: "
                           f"{allowed or f'an int >= {minimum}'}")
-    return value
+    return number
 
 
 def _iterable(value: Any) -> bool:
@@ -123,7 +128,7 @@ def par_iter(iterable: Iterable[T], chunk_size: int | None = None) -> ParIter[T]
         raise TypeError(f"par_iter: got {iterable!r} of type {type(iterable).__name__}; "
                         "allowed: an iterable")
     if chunk_size is not None:
-        _check_int("chunk_size", chunk_size, 1, "None (automatic) or an int >= 1")
+        chunk_size = _check_int("chunk_size", chunk_size, 1, "None (automatic) or an int >= 1")
     return ParIter(iterable, chunk_size, ())
 
 
@@ -178,9 +183,11 @@ class ParIter(Generic[T]):
 
     def enumerate(self, start: int = 0) -> ParIter[tuple[int, T]]:
         """``(count, item)`` pairs, count from ``start``."""
-        if isinstance(start, bool) or not isinstance(start, int):
-            raise ConfigError(f"enumerate(start): got {start!r}; allowed: an int")
-        return self._then("enumerate", "enumerate", argument=start)
+        try:
+            first = whole_number(start)
+        except TypeError:
+            raise ConfigError(f"enumerate(start): got {start!r}; allowed: an int") from None
+        return self._then("enumerate", "enumerate", argument=first)
 
     def zip(self, *others: Iterable[Any]) -> ParIter[tuple[Any, ...]]:
         """``(item, other_1_item, ...)`` tuples, ending with the shortest input."""
@@ -210,7 +217,7 @@ class ParIter(Generic[T]):
         ``@veda.gpu(force=force)`` unless it already is a @veda.gpu function."""
         _check_callable("gpu_map(f)", f)
         if device is not None:
-            _check_int("gpu_map(device)", device, 0, "None or a CUDA ordinal >= 0")
+            device = _check_int("gpu_map(device)", device, 0, "None or a CUDA ordinal >= 0")
         return self._then("gpu_map", f"gpu_map({_name(f)})", offloaded(f, force), device)
 
     # --- terminals ----------------------------------------------------------------------
