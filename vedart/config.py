@@ -101,6 +101,9 @@ class Config:
     def __post_init__(self) -> None:
         for spec in FIELD_SPECS.values():
             object.__setattr__(self, spec.name, spec.validate(getattr(self, spec.name)))
+        if self.dask_client is not None and self.dask_address is not None:
+            raise ConfigError(f"dask_address: got {self.dask_address!r} beside a dask_client; "
+                              "allowed: one of dask_client and dask_address")
         known_sources = {}
         for each in fields(self):
             if each.name not in FIELD_SPECS:
