@@ -121,3 +121,17 @@ class DoesNotLoad:
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return int, ("not a number",)
+
+
+def interrupts_on_three(x: int) -> int:
+    """``x``; KeyboardInterrupt on 3 (as a Ctrl-C inside the function would)."""
+    if x == 3:
+        raise KeyboardInterrupt("stop at 3")
+    return x
+
+
+def exits_on_three(x: int) -> int:
+    """``x``; SystemExit on 3 (a ``sys.exit()`` inside the function)."""
+    if x == 3:
+        raise SystemExit("stop at 3")
+    return x

@@ -22,11 +22,13 @@ import psutil
 import pytest
 from dask_functions import (
     DoesNotLoad,
+    exits_on_three,
     fails_on_one_zero,
     fails_on_seven,
     fails_on_three_with_an_error_that_does_not_load,
     half_second_identity,
     held_total,
+    interrupts_on_three,
     is_even,
     overwrite_late_unless_first,
     pair_up,
@@ -473,6 +475,18 @@ def test_arrays_come_back_from_the_workers_with_their_dtype_and_layout(client: A
     assert got[1].flags.f_contiguous
     for result, array in zip(got, arrays):
         np.testing.assert_array_equal(result, array)
+
+
+@pytest.mark.parametrize("function, interrupt", [(interrupts_on_three, KeyboardInterrupt),
+                                                 (exits_on_three, SystemExit)])
+def test_an_interrupt_raised_in_a_worker_reaches_the_caller_and_the_workers_live_on(
+        client: Any, function: Callable[[int], int], interrupt: type[BaseException]) -> None:
+    on_dask(client)
+    before = sorted(client.run(os.getpid).values())
+    with pytest.raises(interrupt, match="stop at 3"):
+        veda.par_iter(range(6), chunk_size=1).map(function).collect()
+    assert sorted(client.run(os.getpid).values()) == before  # none was killed and restarted
+    assert veda.par_iter(range(6)).map(square).collect() == [x * x for x in range(6)]
 
 
 def test_a_malformed_address_is_named() -> None:

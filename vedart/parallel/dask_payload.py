@@ -266,35 +266,44 @@ def _on_lanes(step: Step, batch: Batch, runtime: Runtime) -> Batch:
     return reduce(operator.add, parts, Batch([], []))
 
 
-def run_batch(steps: bytes, batch: Batch | SharedBatch, forced: str | None
-              ) -> tuple[list[Any], list[int], dict[int, ItemFailure], float]:
+Answer = tuple[list[Any], list[int], dict[int, ItemFailure], float, BaseException | None]
+
+
+def run_batch(steps: bytes, batch: Batch | SharedBatch, forced: str | None) -> Answer:
     """The Dask task: the chain ``steps`` over ``batch`` (loaded first when it came through
     shared memory) under ``veda.force(forced)``: the result batch's items, origins and failures
-    (:func:`received` makes it again), and the seconds it took. Not the Batch itself: an array
-    inside an object Dask pickles (a dataclass like Batch) came back to the client in native
-    byte order, one returned in a plain list as it was (distributed 2026.8)."""
+    (:func:`received` makes it again), the seconds it took, and a KeyboardInterrupt or
+    SystemExit a function raised (None, else; the batch is then empty), for the client to
+    raise as the thread scheduler does: raised in the worker, it killed the worker, again on
+    each retry (four times, 8.5 s), and the pipeline failed with KilledWorker. Not the Batch
+    itself: an array inside an object Dask pickles (a dataclass like Batch) came back to the
+    client in native byte order, one returned in a plain list as it was (distributed 2026.8)."""
     chain = _loaded(steps)
     if isinstance(batch, SharedBatch):  # views for uploads to a GPU, else a copy (load())
         batch = batch.load(private=not (get_runtime().gpu and any(
             is_gpu_wrapper(step.function) for step in chain)))
     token = forced_path.set(forced)
+    started = time.perf_counter()
     try:
-        started = time.perf_counter()
         result = _run(chain, batch)
-        seconds = time.perf_counter() - started
+    except (KeyboardInterrupt, SystemExit) as interrupt:
+        return [], [], {}, time.perf_counter() - started, interrupt
     finally:
         forced_path.reset(token)
+    seconds = time.perf_counter() - started
     try:
         _check_travels(result)
     except Exception:  # noqa: BLE001  # some result or exception cannot travel: find which
         result = _sendable(result, chain[-1].label)
-    return result.items, result.origins, result.failures, seconds
+    return result.items, result.origins, result.failures, seconds, None
 
 
-def received(answer: tuple[list[Any], list[int], dict[int, ItemFailure], float]
-             ) -> tuple[Batch, float]:
-    """The result batch and seconds of a :func:`run_batch` answer."""
-    items, origins, failures, seconds = answer
+def received(answer: Answer) -> tuple[Batch, float]:
+    """The result batch and seconds of a :func:`run_batch` answer; raises the interrupt a
+    function raised in the worker."""
+    items, origins, failures, seconds, interrupt = answer
+    if interrupt is not None:
+        raise interrupt
     return Batch(items, origins, failures), seconds
 
 
