@@ -499,6 +499,22 @@ def test_a_decision_is_a_value_that_cannot_be_changed() -> None:
         decision.path = "cpu"  # type: ignore[misc]
 
 
+def test_explain_refuses_arguments_the_call_would_refuse() -> None:
+    veda.init(veda.Config.builder().gpu(False).build())
+
+    @veda.gpu
+    def scaled(x: np.ndarray, factor: float = 2.0) -> np.ndarray:
+        return x * factor
+
+    values = np.random.default_rng().random(4)
+    assert scaled.explain(values, factor=3.0).path == "cpu"
+    for args, kwargs in [((), {"y": values}), ((values, 2.0, 3.0), {}), ((values,), {"x": 1})]:
+        with pytest.raises(TypeError):
+            scaled(*args, **kwargs)
+        with pytest.raises(TypeError, match="argument"):
+            scaled.explain(*args, **kwargs)
+
+
 def test_report_says_no_call_yet_of_a_function_only_explained(
         capsys: pytest.CaptureFixture[str]) -> None:
     veda.init(veda.Config.builder().gpu(False).build())

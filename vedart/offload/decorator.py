@@ -304,7 +304,14 @@ class _Offload:
     def explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Decision:
         """The decision a call with these arguments would get now; nothing runs and nothing
         is counted (the adaptive model's re-check interval counts calls). A GPU decision
-        names the helpers earlier GPU calls ran as device clones (``helpers``)."""
+        names the helpers earlier GPU calls ran as device clones (``helpers``). Arguments the
+        function does not take raise the TypeError the call would."""
+        try:
+            signature = inspect.signature(self.func)
+        except (TypeError, ValueError):  # a callable without one: the call itself will tell
+            signature = None
+        if signature is not None:
+            signature.bind(*args, **kwargs)
         plan = self.current_plan()
         decision = self.decide(plan, scan(args, kwargs, plan.device_type,
                                           self.positional_names), args, kwargs, peek=True)
@@ -776,7 +783,8 @@ def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., An
         return offload.plan_call(args, kwargs)
 
     def explain(*args: Any, **kwargs: Any) -> Decision:
-        """The Decision a call with these arguments would get now, without running anything."""
+        """The Decision a call with these arguments would get now, without running anything;
+        TypeError, as the call would raise, for arguments the function does not take."""
         return offload.explain(args, kwargs)
 
     gpu_wrapper.explain = explain  # type: ignore[attr-defined]
