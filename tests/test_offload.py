@@ -499,6 +499,46 @@ def test_a_decision_is_a_value_that_cannot_be_changed() -> None:
         decision.path = "cpu"  # type: ignore[misc]
 
 
+def test_options_take_any_case_and_numpy_ordinals_and_force_names_what_it_allows() -> None:
+    veda.init(veda.Config.builder().gpu(False).build())
+    options = veda.gpu(force="GPU", fallback="Raise", returns="HOST", device=np.int64(1))(
+        abs).gpu_options  # type: ignore[attr-defined]
+    assert (options.force, options.fallback, options.returns, options.device) == \
+        ("gpu", "raise", "host", 1)
+    assert type(options.device) is int
+    values = np.random.default_rng().random(3) - 0.5
+    with veda.force("CPU"):
+        np.testing.assert_array_equal(veda.gpu(np.abs)(values), np.abs(values))
+    for path in (None, "tpu", 1):
+        with pytest.raises(veda.ConfigError, match=rf"^force: got {path!r}; allowed: 'cpu' or "
+                                                   r"'gpu'$"):
+            with veda.force(path):  # type: ignore[arg-type]
+                pass
+
+
+def test_gpu_above_staticmethod_and_classmethod_binds_as_without_it() -> None:
+    veda.init(veda.Config.builder().gpu(False).build())
+
+    class Scaler:
+        factor = 3.0
+
+        @veda.gpu
+        @staticmethod
+        def doubled(values: np.ndarray) -> np.ndarray:
+            return values * 2
+
+        @veda.gpu
+        @classmethod
+        def scaled(cls, values: np.ndarray) -> np.ndarray:
+            return values * cls.factor
+
+    values = np.random.default_rng().random(4)
+    for owner in (Scaler, Scaler()):
+        np.testing.assert_array_equal(owner.doubled(values), values * 2)
+        np.testing.assert_array_equal(owner.scaled(values), values * 3.0)
+    assert Scaler.doubled.explain(values).path == "cpu"
+
+
 def test_explain_refuses_arguments_the_call_would_refuse() -> None:
     veda.init(veda.Config.builder().gpu(False).build())
 

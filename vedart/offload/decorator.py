@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import numpy as np
 
 from vedart import lifecycle
-from vedart.config import FIELD_SPECS, parameter_names
+from vedart.config import FIELD_SPECS, parameter_names, whole_number
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
 from vedart.gpu.transfer import (
     Staged,
@@ -119,16 +119,23 @@ class OffloadOptions:
     @staticmethod
     def validated(device: Any, threshold: Any, force: Any, fallback: Any, writes: Any,
                   returns: Any, idempotent: Any = True, reach: Any = True) -> OffloadOptions:
-        if device is not None and (isinstance(device, bool) or not isinstance(device, int)
-                                   or device < 0):
-            raise ConfigError(f"device: got {device!r}; allowed: None or a CUDA ordinal >= 0")
+        if device is not None:
+            try:
+                ordinal = whole_number(device)
+            except TypeError:
+                ordinal = -1
+            if ordinal < 0:
+                raise ConfigError(f"device: got {device!r}; allowed: None or a CUDA ordinal "
+                                  ">= 0")
+            device = ordinal
         if threshold is not None:
             threshold = replace(FIELD_SPECS["offload_threshold"], name="threshold").validate(threshold)
         if fallback is not None:
             fallback = FIELD_SPECS["fallback"].validate(fallback)
         writes = parameter_names("writes", writes, "a tuple of parameter names")
-        if returns not in RETURNS:
+        if not isinstance(returns, str) or returns.lower() not in RETURNS:
             raise ConfigError(f"returns: got {returns!r}; allowed: 'host' or 'device'")
+        returns = returns.lower()
         if not isinstance(idempotent, bool):
             raise ConfigError(f"idempotent: got {idempotent!r}; allowed: True or False")
         if not isinstance(reach, bool):
@@ -773,6 +780,8 @@ class PlannedCall:
 
 
 def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., Any]:
+    if isinstance(func, (staticmethod, classmethod)):  # @veda.gpu above the method decorator
+        return type(func)(_wrap(func.__func__, options))  # type: ignore[return-value]
     if not callable(func):
         raise TypeError(f"@veda.gpu needs a callable; got {func!r} of type {type(func).__name__}")
     offload = _Offload(func, options)

@@ -15,20 +15,22 @@ forced_path: ContextVar[str | None] = ContextVar("vedart_forced_path", default=N
 preferred_device: ContextVar[int | None] = ContextVar("vedart_preferred_device", default=None)
 
 
-def check_path(option: str, value: object) -> str | None:
-    """``value`` if it is None, "cpu" or "gpu"; else ConfigError naming ``option``."""
-    if value is not None and value not in PATHS:
-        raise ConfigError(f"{option}: got {value!r}; allowed: None, 'cpu' or 'gpu'")
-    return value  # type: ignore[return-value]
+def check_path(option: str, value: object, *, none: bool = True) -> str | None:
+    """``value`` if it is "cpu" or "gpu" in any case (lowered), or None where ``none``;
+    ConfigError naming ``option`` and what is allowed otherwise."""
+    if value is None and none:
+        return None
+    if not isinstance(value, str) or value.lower() not in PATHS:
+        raise ConfigError(f"{option}: got {value!r}; allowed: "
+                          f"{'None, ' if none else ''}'cpu' or 'gpu'")
+    return value.lower()
 
 
 @contextmanager
 def force(path: str) -> Iterator[None]:
     """Within the block, @gpu calls in this thread (and tasks it starts with a copied context)
     take ``path``; a GPU forced where none is usable follows the fallback setting."""
-    if path is None:
-        raise ConfigError("force: got None; allowed: 'cpu' or 'gpu'")
-    token = forced_path.set(check_path("force", path))
+    token = forced_path.set(check_path("force", path, none=False))
     try:
         yield
     finally:
