@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from fakes import FakeProbe
@@ -63,6 +64,23 @@ def test_bad_env_exits_1_with_the_config_error(capsys: pytest.CaptureFixture[str
     monkeypatch.setenv("VEDART_THREADS", "-3")
     assert main(["info"]) == 1
     assert "threads (from VEDART_THREADS): got -3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_calibrate_writes_the_profile_or_exits_1_saying_it_could_not(
+        tmp_path: Any, writable: bool) -> None:
+    profile = tmp_path / "profile.json"
+    if not writable:
+        profile.mkdir()  # a directory where the file should go
+    result = run_cli("calibrate", env={"VEDART_PROFILE": str(profile)})
+    assert result.returncode == (0 if writable else 1), result.stderr
+    assert f"-> {profile}" in result.stdout
+    if writable:
+        assert "calibration" in json.loads(profile.read_text())
+        assert "not saved" not in result.stdout
+    else:
+        assert f"not saved: {profile} could not be written" in result.stdout
+        assert "cannot save the cost-model profile" in result.stderr
 
 
 def test_console_script_entry_point_is_declared() -> None:

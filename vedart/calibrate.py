@@ -59,7 +59,8 @@ def measure() -> tuple[Calibration, list[str]]:
 
 
 def run() -> dict[str, Any]:
-    """Measure, write the profile, and return what was written and where."""
+    """Measure, write the profile, and return what was written, where, and whether it could be
+    (``saved``)."""
     runtime = get_runtime()
     gpu_name = runtime.gpu.devices[0].name if runtime.gpu else None
     path = Path(runtime.config.profile_path) if runtime.config.profile_path else \
@@ -67,9 +68,9 @@ def run() -> dict[str, Any]:
     calibration, measured = measure()
     model = runtime.cost_model or AdaptiveModel(ProfileFile(path, gpu_name, CALIBRATION_FIELDS))
     model.set_calibration(calibration)
-    model.save()
+    saved = model.save()
     return {"profile": str(path), "device_name": gpu_name, "calibration": asdict(calibration),
-            "measured": measured}
+            "measured": measured, "saved": saved}
 
 
 def format_summary(result: dict[str, Any]) -> str:
@@ -83,4 +84,7 @@ def format_summary(result: dict[str, Any]) -> str:
     for name, (label, scale, unit) in labels.items():
         note = "" if name in result["measured"] else "  (default: not measured without a GPU)"
         lines.append(f"  {label:<22} {figures[name] / scale:10.2f} {unit}{note}")
+    if not result["saved"]:
+        lines.append(f"not saved: {result['profile']} could not be written (the warning above "
+                     "says why); set profile_path (VEDART_PROFILE) to a writable file")
     return "\n".join(lines)

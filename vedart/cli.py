@@ -145,8 +145,9 @@ def _demo(arguments: argparse.Namespace) -> int:
 def _calibrate(arguments: argparse.Namespace) -> int:
     from vedart import calibrate
 
-    print(calibrate.format_summary(calibrate.run()))
-    return 0
+    result = calibrate.run()
+    print(calibrate.format_summary(result))
+    return 0 if result["saved"] else 1
 
 
 def _writable_place(path: str) -> bool:

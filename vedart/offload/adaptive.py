@@ -644,16 +644,17 @@ class AdaptiveModel:
             self._unsaved = True
             self._calibration_changed = True
 
-    def save(self) -> None:
+    def save(self) -> bool:
         """Write the profile file (no-op without one): what this process learned since its
         last save over what the file holds now (everything it knows where there is no valid
-        file). Saves run one at a time."""
+        file). Saves run one at a time. Whether the file holds it now: False without a file,
+        or when writing it failed (warned, and tried again at the next save)."""
         if self._profile is None:
-            return
+            return False
         with self._saving:
             with self._lock:
                 if not self._unsaved:
-                    return
+                    return True
                 self._unsaved = False
                 self._saved_at = time.monotonic()
                 changed, self._changed = self._changed, set()
@@ -675,3 +676,4 @@ class AdaptiveModel:
                         self._unsaved = True
                         self._changed |= changed
                         self._calibration_changed |= calibration_changed
+            return saved
