@@ -135,3 +135,10 @@ def exits_on_three(x: int) -> int:
     if x == 3:
         raise SystemExit("stop at 3")
     return x
+
+
+def same_unless_none(item: Any) -> Any:
+    """The item itself; ValueError for None."""
+    if item is None:
+        raise ValueError("no item")
+    return item

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,6 +35,7 @@ from dask_functions import (
     pair_up,
     repeat_twice,
     same_array,
+    same_unless_none,
     scaled_column_sums,
     slow_identity,
     slow_total,
@@ -465,28 +467,26 @@ def test_an_address_that_does_not_answer_raises_within_the_timeout() -> None:
         veda.init(config.build())
 
 
-def test_arrays_come_back_from_the_workers_with_their_dtype_and_layout(client: Any) -> None:
+@pytest.mark.parametrize("first", ["array", "failure", "dict"])
+def test_arrays_come_back_from_the_workers_with_their_dtype_and_layout(client: Any,
+                                                                       first: str) -> None:
     rng = np.random.default_rng()
     arrays = [rng.random(50).astype(">f4"), np.asfortranarray(rng.random((4, 3))),
               rng.integers(-9, 9, 20).astype(">i8"), rng.random(300_000).astype(">f8")]
+    leading = {"array": arrays[0], "failure": None, "dict": {"key": 1}}[first]
+    items = [leading, *arrays[1:], types.SimpleNamespace(inside=arrays[0])]
     on_dask(client)
-    got = veda.par_iter(arrays, chunk_size=2).map(same_array).collect()
-    assert [array.dtype.str for array in got] == [array.dtype.str for array in arrays]
-    assert got[1].flags.f_contiguous
-    for result, array in zip(got, arrays):
+    got = veda.par_iter(items, chunk_size=len(items)).map(same_unless_none).collect(
+        errors="return")
+    if first == "array":
+        assert got[0].dtype.str == ">f4"
+        np.testing.assert_array_equal(got[0], arrays[0])
+    else:
+        assert isinstance(got[0], ValueError) if first == "failure" else got[0] == {"key": 1}
+    for result, array in zip([*got[1:4], got[4].inside], [*arrays[1:], arrays[0]]):
+        assert result.dtype.str == array.dtype.str
         np.testing.assert_array_equal(result, array)
-
-
-@pytest.mark.parametrize("function, interrupt", [(interrupts_on_three, KeyboardInterrupt),
-                                                 (exits_on_three, SystemExit)])
-def test_an_interrupt_raised_in_a_worker_reaches_the_caller_and_the_workers_live_on(
-        client: Any, function: Callable[[int], int], interrupt: type[BaseException]) -> None:
-    on_dask(client)
-    before = sorted(client.run(os.getpid).values())
-    with pytest.raises(interrupt, match="stop at 3"):
-        veda.par_iter(range(6), chunk_size=1).map(function).collect()
-    assert sorted(client.run(os.getpid).values()) == before  # none was killed and restarted
-    assert veda.par_iter(range(6)).map(square).collect() == [x * x for x in range(6)]
+    assert got[1].flags.f_contiguous
 
 
 def test_a_malformed_address_is_named() -> None:

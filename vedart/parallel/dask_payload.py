@@ -266,18 +266,17 @@ def _on_lanes(step: Step, batch: Batch, runtime: Runtime) -> Batch:
     return reduce(operator.add, parts, Batch([], []))
 
 
-Answer = tuple[list[Any], list[int], dict[int, ItemFailure], float, BaseException | None]
+# The pickled result batch, its array buffers, the seconds it took, an interrupt to raise.
+Answer = tuple[bytes, list[np.ndarray], float, BaseException | None]
 
 
 def run_batch(steps: bytes, batch: Batch | SharedBatch, forced: str | None) -> Answer:
     """The Dask task: the chain ``steps`` over ``batch`` (loaded first when it came through
-    shared memory) under ``veda.force(forced)``: the result batch's items, origins and failures
-    (:func:`received` makes it again), the seconds it took, and a KeyboardInterrupt or
-    SystemExit a function raised (None, else; the batch is then empty), for the client to
-    raise as the thread scheduler does: raised in the worker, it killed the worker, again on
-    each retry (four times, 8.5 s), and the pipeline failed with KilledWorker. Not the Batch
-    itself: an array inside an object Dask pickles (a dataclass like Batch) came back to the
-    client in native byte order, one returned in a plain list as it was (distributed 2026.8)."""
+    shared memory) under ``veda.force(forced)``: the result batch as :func:`_packed` gives it,
+    the seconds it took, and a KeyboardInterrupt or SystemExit a function raised (None, else;
+    the batch is then empty), for :func:`received` to raise as the thread scheduler does:
+    raised in the worker, it killed the worker, again on each retry (four times, 8.5 s), and
+    the pipeline failed with KilledWorker."""
     chain = _loaded(steps)
     if isinstance(batch, SharedBatch):  # views for uploads to a GPU, else a copy (load())
         batch = batch.load(private=not (get_runtime().gpu and any(
@@ -287,23 +286,36 @@ def run_batch(steps: bytes, batch: Batch | SharedBatch, forced: str | None) -> A
     try:
         result = _run(chain, batch)
     except (KeyboardInterrupt, SystemExit) as interrupt:
-        return [], [], {}, time.perf_counter() - started, interrupt
+        return b"", [], time.perf_counter() - started, interrupt
     finally:
         forced_path.reset(token)
     seconds = time.perf_counter() - started
     try:
-        _check_travels(result)
+        payload, buffers = _packed(result)
     except Exception:  # noqa: BLE001  # some result or exception cannot travel: find which
-        result = _sendable(result, chain[-1].label)
-    return result.items, result.origins, result.failures, seconds, None
+        payload, buffers = _packed(_sendable(result, chain[-1].label))
+    return payload, buffers, seconds, None
+
+
+def _packed(batch: Batch) -> tuple[bytes, list[np.ndarray]]:
+    """``batch``'s items, origins and failures pickled here as Dask would pickle them
+    (:func:`_pickled`) and loaded back once (what a worker sends must load in the client),
+    with their array buffers out of band as byte arrays, which Dask sends uncopied. Pickled
+    here, not by Dask: an array inside another object, or in a list whose first element is no
+    array, came back to the client in native byte order (distributed 2026.8)."""
+    buffers: list[pickle.PickleBuffer] = []
+    payload = _pickled((batch.items, batch.origins, batch.failures), buffers)
+    pickle.loads(payload, buffers=buffers)
+    return payload, [np.frombuffer(buffer.raw(), np.uint8) for buffer in buffers]
 
 
 def received(answer: Answer) -> tuple[Batch, float]:
     """The result batch and seconds of a :func:`run_batch` answer; raises the interrupt a
     function raised in the worker."""
-    items, origins, failures, seconds, interrupt = answer
+    payload, buffers, seconds, interrupt = answer
     if interrupt is not None:
         raise interrupt
+    items, origins, failures = pickle.loads(payload, buffers=buffers)
     return Batch(items, origins, failures), seconds
 
 
