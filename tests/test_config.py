@@ -125,20 +125,21 @@ def test_numpy_numbers_paths_and_any_case_are_taken_and_normalised(tmp_path: Pat
             getattr(veda.Config.builder(), method)(value)
 
 
-def test_a_client_and_an_address_together_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_client_and_an_address_together_are_refused_and_a_client_overrides_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
     class Client:  # what the field checks of a distributed.Client
         def submit(self) -> None: ...
 
         def scheduler_info(self) -> None: ...
 
     builder = veda.Config.builder().dask_client(Client())
-    monkeypatch.setenv("VEDART_DASK_ADDRESS", "tcp://10.0.0.1:8786")
     with pytest.raises(ConfigError, match=r"^dask_address: got 'tcp://10.0.0.1:8786' beside a "
                                           r"dask_client; allowed: one of dask_client and "
                                           r"dask_address$"):
-        builder.build()
-    monkeypatch.delenv("VEDART_DASK_ADDRESS")
-    assert builder.build().dask_address is None
+        builder.dask_address("tcp://10.0.0.1:8786").build()
+    monkeypatch.setenv("VEDART_DASK_ADDRESS", "tcp://10.0.0.1:8786")  # the client overrides it
+    config = veda.Config.builder().dask_client(Client()).build()
+    assert config.dask_address is None and config.sources["dask_address"] == "default"
+    assert veda.Config.builder().build().dask_address == "tcp://10.0.0.1:8786"
 
 
 def test_builder_value_wins_over_a_malformed_env_value() -> None:

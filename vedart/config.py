@@ -464,13 +464,16 @@ class ConfigBuilder:
 
     def build(self, environ: Mapping[str, str] | None = None) -> Config:
         """Return the Config: builder values, else ``VEDART_*`` from ``environ``
-        (default ``os.environ``), else defaults."""
+        (default ``os.environ``), else defaults. A ``dask_client`` given here also overrides
+        ``VEDART_DASK_ADDRESS`` (the two name one scheduler)."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
         for name, spec in FIELD_SPECS.items():
             if name in self._values:
                 values[name], sources[name] = self._values[name], "builder"
+            elif name == "dask_address" and self._values.get("dask_client") is not None:
+                continue
             elif spec.env_var in environ:
                 values[name] = spec.read_env(environ[spec.env_var])
                 sources[name] = "env:" + spec.env_var
