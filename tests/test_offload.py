@@ -546,8 +546,21 @@ def test_explain_refuses_arguments_the_call_would_refuse() -> None:
     def scaled(x: np.ndarray, factor: float = 2.0) -> np.ndarray:
         return x * factor
 
+    def fixed_factor(function: Any) -> Any:
+        @functools.wraps(function)
+        def with_factor(x: np.ndarray) -> np.ndarray:  # fewer parameters than it wraps
+            return function(x, 4.0)
+        return with_factor
+
+    class Model:
+        @veda.gpu
+        def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            return x + y
+
     values = np.random.default_rng().random(4)
     assert scaled.explain(values, factor=3.0).path == "cpu"
+    assert veda.gpu(fixed_factor(scaled.__wrapped__)).explain(values).path == "cpu"
+    assert Model().add.explain(values, values).path == "cpu"  # no self: still a decision
     for args, kwargs in [((), {"y": values}), ((values, 2.0, 3.0), {}), ((values,), {"x": 1})]:
         with pytest.raises(TypeError):
             scaled(*args, **kwargs)

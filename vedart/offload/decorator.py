@@ -312,13 +312,15 @@ class _Offload:
         """The decision a call with these arguments would get now; nothing runs and nothing
         is counted (the adaptive model's re-check interval counts calls). A GPU decision
         names the helpers earlier GPU calls ran as device clones (``helpers``). Arguments the
-        function does not take raise the TypeError the call would."""
+        function does not take (an unknown keyword, one too many, one given twice) raise a
+        TypeError, as the call would; missing ones do not (``explain`` reached through an
+        instance gets no ``self``)."""
         try:
-            signature = inspect.signature(self.func)
+            signature = inspect.signature(self.func, follow_wrapped=False)
         except (TypeError, ValueError):  # a callable without one: the call itself will tell
             signature = None
         if signature is not None:
-            signature.bind(*args, **kwargs)
+            signature.bind_partial(*args, **kwargs)
         plan = self.current_plan()
         decision = self.decide(plan, scan(args, kwargs, plan.device_type,
                                           self.positional_names), args, kwargs, peek=True)
