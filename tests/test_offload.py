@@ -443,6 +443,21 @@ def test_report_lists_functions_with_last_reason(capsys: pytest.CaptureFixture[s
     veda.report()
     out = capsys.readouterr().out
     assert "module_level_add" in out and "cpu: below threshold: 48 B < 1.0 MB" in out
+    row = next(line for line in out.splitlines() if "module_level_add" in line).split()
+    assert row[1:8] == ["1", "0", "1", "0", "-", "-", "-"]  # no GPU call: no GPU phases
+
+
+def test_report_gives_mean_gpu_phases_of_a_function_with_gpu_calls() -> None:
+    from vedart.telemetry import CallRecord, Telemetry
+
+    telemetry = Telemetry()
+    for compute in (0.002, 0.004):
+        telemetry.record(CallRecord("f", "gpu", "forced", bytes_to_device=10**6,
+                                    seconds_to_device=0.001, seconds_compute=compute,
+                                    seconds_to_host=0.0005))
+    telemetry.record(CallRecord("f", "cpu", "below threshold"))
+    row = next(line for line in telemetry.report().splitlines() if line.startswith("f ")).split()
+    assert row[1:8] == ["3", "2", "1", "0", "1.000", "3.000", "0.500"]
 
 
 def test_telemetry_off_records_nothing() -> None:

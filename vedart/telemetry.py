@@ -297,7 +297,8 @@ class Telemetry:
         Path(path).write_text(json.dumps(self.snapshot(), indent=2) + "\n")
 
     def report(self) -> str:
-        """A per-function table: calls by path, mean GPU phase times, bytes moved, last reason."""
+        """A per-function table: calls by path, mean GPU phase times ("-" for a function with no
+        GPU call: CPU calls are not split into phases), bytes moved, last reason."""
         rows = self.snapshot()["functions"]
         if not rows:
             return "no @gpu calls recorded" + ("" if self.enabled else " (telemetry is off)") \
@@ -311,11 +312,12 @@ class Telemetry:
             moved = format_bytes(row["bytes_to_device"] + row["bytes_to_host"])
             gbps = row["transfer_gb_per_s"]
             rate = "-" if gbps is None else f"{gbps:.1f}"
+            phases = [f"{mean[phase] * 1e3:.3f}" if row["gpu_calls"] else "-"
+                      for phase in ("to_device", "compute", "to_host")]
             lines.append(
                 f"{row['function'][-32:]:<32} {row['calls']:>6} {row['gpu_calls']:>5} "
                 f"{row['cpu_calls']:>5} {row['fallback_calls']:>6} "
-                f"{mean['to_device'] * 1e3:>9.3f} {mean['compute'] * 1e3:>10.3f} "
-                f"{mean['to_host'] * 1e3:>10.3f} {moved:>9} {rate:>6}  "
+                f"{phases[0]:>9} {phases[1]:>10} {phases[2]:>10} {moved:>9} {rate:>6}  "
                 + ("no call yet" if row["last_path"] is None  # explained, or set up, only
                    else f"{row['last_path']}: {row['last_reason']}")
             )
