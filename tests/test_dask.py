@@ -489,6 +489,18 @@ def test_arrays_come_back_from_the_workers_with_their_dtype_and_layout(client: A
     assert got[1].flags.f_contiguous
 
 
+@pytest.mark.parametrize("function, interrupt", [(interrupts_on_three, KeyboardInterrupt),
+                                                 (exits_on_three, SystemExit)])
+def test_an_interrupt_raised_in_a_worker_reaches_the_caller_and_the_workers_live_on(
+        client: Any, function: Callable[[int], int], interrupt: type[BaseException]) -> None:
+    on_dask(client)
+    before = sorted(client.run(os.getpid).values())
+    with pytest.raises(interrupt, match="stop at 3"):
+        veda.par_iter(range(6), chunk_size=1).map(function).collect()
+    assert sorted(client.run(os.getpid).values()) == before  # none was killed and restarted
+    assert veda.par_iter(range(6)).map(square).collect() == [x * x for x in range(6)]
+
+
 def test_a_malformed_address_is_named() -> None:
     config = veda.Config.builder().scheduler("dask").dask_address("not an address").build()
     with pytest.raises(veda.ConfigError, match=r"^dask_address: got 'not an address'; allowed: "
