@@ -376,6 +376,41 @@ def test_fused_element_wise_stages_answer_as_each_item_in_turn(
                                                if not isinstance(value, Exception)]
 
 
+def test_a_chain_of_many_flat_maps_runs_with_its_failures_in_place() -> None:
+    pipeline = par_iter(range(4), chunk_size=4)
+    for _ in range(40):  # more than one generated loop can nest
+        pipeline = pipeline.flat_map(lambda x: [x])
+    got = pipeline.map(_triple_unless_3_mod_7).collect(errors="return")
+    assert got[:3] == [1, 4, 7] and isinstance(got[3], ValueError)
+
+
+class Counted:
+    """Counts the instances alive."""
+
+    alive = 0
+
+    def __init__(self) -> None:
+        Counted.alive += 1
+
+    def __del__(self) -> None:
+        Counted.alive -= 1
+
+
+@pytest.mark.parametrize("middle", ["map", "flat_map"])
+def test_fused_stages_hold_one_items_values_at_a_time(middle: str) -> None:
+    seen: list[int] = []
+
+    def alive_here(counted: Counted) -> Counted:
+        seen.append(Counted.alive)  # this item's value, and none of the item's before
+        return counted
+
+    pipeline = par_iter(range(20), chunk_size=20).map(lambda x: Counted())
+    pipeline = pipeline.map(alive_here) if middle == "map" else \
+        pipeline.flat_map(lambda counted: [alive_here(counted)])
+    assert len(pipeline.map(lambda counted: 0).collect()) == 20
+    assert set(seen) == {1}
+
+
 def test_a_source_longer_than_len_can_tell_runs_as_any_other() -> None:
     assert par_iter(range(2**63)).any()
     assert par_iter(range(2**63)).async_map(str).any()

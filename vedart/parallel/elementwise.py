@@ -31,18 +31,40 @@ class Step:
     label: str
 
 
+# Flat_maps one generated loop holds: each nests a loop, and CPython compiles at most 20
+# nested blocks; a longer chain runs as several loops in turn, as a take between them would.
+MAX_FLAT_MAPS = 16
+Run = Callable[..., tuple[list[Any], list[int], dict[int, ItemFailure]]]
+
+
 def fuse(steps: Sequence[Step]) -> Callable[[Batch], Batch]:
     """One Batch -> Batch function running ``steps`` in order on each item."""
+    runs = tuple(_chain_function(part) for part in _parts(steps))
     if len(steps) == 1 and steps[0].kind == "map":
-        return partial(_map_batch, steps[0])
-    return partial(_fused_batch, _chain_function(steps))
+        return partial(_map_batch, steps[0], runs)
+    return partial(_fused_batch, runs)
 
 
-def _map_batch(step: Step, batch: Batch) -> Batch:
+def _parts(steps: Sequence[Step]) -> list[list[Step]]:
+    """``steps`` in consecutive parts of at most ``MAX_FLAT_MAPS`` flat_maps each."""
+    parts: list[list[Step]] = [[]]
+    flat_maps = 0
+    for step in steps:
+        if step.kind == "flat_map":
+            if flat_maps == MAX_FLAT_MAPS:
+                parts.append([])
+                flat_maps = 0
+            flat_maps += 1
+        parts[-1].append(step)
+    return parts
+
+
+def _map_batch(step: Step, runs: tuple[Run, ...], batch: Batch) -> Batch:
     """The hot path (a single map over a batch without failures): a plain loop; exceptions
-    are caught per item without a per-item ``try`` setup."""
+    are caught per item without a per-item ``try`` setup. A batch with failures goes through
+    ``runs`` (the same map, generated)."""
     if batch.failures:
-        return _fused_batch(_chain_function((step,)), batch)
+        return _fused_batch(runs, batch)
     function = step.function
     values: list[Any] = []
     append = values.append
@@ -60,11 +82,12 @@ def _map_batch(step: Step, batch: Batch) -> Batch:
     return Batch(values, batch.origins, failures)
 
 
-def _fused_batch(run: Callable[..., tuple[list[Any], list[int], dict[int, ItemFailure]]],
-                 batch: Batch) -> Batch:
-    """The steps of ``run`` (:func:`_chain_function`) over each item of ``batch`` in turn: no
-    more than one item's values are held between two steps."""
-    return Batch(*run(batch.items, batch.origins, batch.failures))
+def _fused_batch(runs: tuple[Run, ...], batch: Batch) -> Batch:
+    """The steps of ``runs`` (each a :func:`_chain_function`) over each item of ``batch`` in
+    turn: no more than one item's values are held between two steps of a run."""
+    for run in runs:
+        batch = Batch(*run(batch.items, batch.origins, batch.failures))
+    return batch
 
 
 # The chain as one loop over the items, each step inline in its own ``try`` (free in CPython
@@ -99,6 +122,11 @@ _FAILED = """\
 def _chain_source(kinds: tuple[str, ...]) -> str:
     """The source of ``run`` for steps of ``kinds`` (functions ``f0``, ``f1``, ...)."""
     source, indent, value = _HEAD, " " * 8, "v0"
+    held = [f"v{index + 1}" for index, kind in enumerate(kinds) if kind == "map"]
+    held += [f"outputs{index}" for index, kind in enumerate(kinds) if kind == "flat_map"]
+    held += [f"v{index + 1}" for index, kind in enumerate(kinds) if kind == "flat_map"]
+    if held:  # the item before's values go before this item's first step
+        source += f"{indent}{' = '.join(held)} = None\n"
     for index, kind in enumerate(kinds):
         source += f"{indent}try:\n"
         if kind == "map":
@@ -121,7 +149,7 @@ def _chain_code(kinds: tuple[str, ...]) -> types.CodeType:
     return compile(_chain_source(kinds), f"<vedart chain {'-'.join(kinds)}>", "exec")
 
 
-def _chain_function(steps: Sequence[Step]) -> Callable[..., Any]:
+def _chain_function(steps: Sequence[Step]) -> Run:
     """``run(items, origins, upstream failures) -> (values, origins, failures)`` for
     ``steps``."""
     namespace: dict[str, Any] = {f"f{index}": step.function for index, step in enumerate(steps)}
