@@ -142,3 +142,9 @@ def same_unless_none(item: Any) -> Any:
     if item is None:
         raise ValueError("no item")
     return item
+
+
+def big_endian_arrays(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A strided big-endian int array and a big-endian timedelta array of ``n`` values, made
+    in the worker (arrays NumPy pickles in band)."""
+    return np.arange(2 * n, dtype=">i4")[::2], np.arange(n).astype(">m8[s]")

@@ -23,6 +23,7 @@ import psutil
 import pytest
 from dask_functions import (
     DoesNotLoad,
+    big_endian_arrays,
     exits_on_three,
     fails_on_one_zero,
     fails_on_seven,
@@ -499,6 +500,15 @@ def test_an_interrupt_raised_in_a_worker_reaches_the_caller_and_the_workers_live
         veda.par_iter(range(6), chunk_size=1).map(function).collect()
     assert sorted(client.run(os.getpid).values()) == before  # none was killed and restarted
     assert veda.par_iter(range(6)).map(square).collect() == [x * x for x in range(6)]
+
+
+def test_arrays_numpy_pickles_in_band_come_back_with_their_byte_order(client: Any) -> None:
+    on_dask(client)
+    for n, (strided, timedeltas) in zip([3, 5], veda.par_iter([3, 5]).map(
+            big_endian_arrays).collect()):
+        assert (strided.dtype.str, timedeltas.dtype.str) == (">i4", ">m8[s]")
+        np.testing.assert_array_equal(strided, np.arange(0, 2 * n, 2))
+        np.testing.assert_array_equal(timedeltas, np.arange(n).astype("m8[s]"))
 
 
 def test_a_malformed_address_is_named() -> None:

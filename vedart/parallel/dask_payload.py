@@ -79,12 +79,45 @@ def _rebuilt(recipe: GpuRecipe) -> Callable[..., Any]:
 
 
 def _pickled(value: Any, buffers: list[pickle.PickleBuffer]) -> bytes:
-    """``value`` pickled as Dask will, its array buffers out of band in ``buffers``
-    (uncopied, as Dask sends them)."""
+    """``value`` pickled as Dask will (cloudpickle, protocol 5), its array buffers out of band
+    in ``buffers`` (uncopied, as Dask sends them), arrays NumPy would pickle in band as
+    :func:`_reduced_array` says."""
+    buffer = io.BytesIO()
+    _array_pickler_class()(buffer, protocol=5, buffer_callback=buffers.append).dump(value)
+    return buffer.getvalue()
+
+
+@lru_cache(maxsize=1)
+def _array_pickler_class() -> type:
     import cloudpickle
 
-    return cloudpickle.dumps(value, protocol=5,  # type: ignore[no-any-return]
-                             buffer_callback=buffers.append)
+    class ArrayPickler(cloudpickle.Pickler):  # type: ignore[misc]
+        def reducer_override(self, obj: Any) -> Any:
+            if type(obj) is np.ndarray:
+                reduced = _reduced_array(obj)
+                if reduced is not None:
+                    return reduced
+            return super().reducer_override(obj)
+
+    return ArrayPickler
+
+
+def _reduced_array(array: np.ndarray) -> tuple[Any, ...] | None:
+    """How to pickle an array of another byte order than this machine's that NumPy would
+    pickle in band, where it loses its byte order (NumPy 2.4.6: one that is not contiguous,
+    or of a datetime kind): its bytes, contiguous, out of band, with its dtype and shape. None
+    for any other array."""
+    if array.dtype.isnative or array.dtype.hasobject or (
+            array.dtype.kind not in "mM" and (array.flags.c_contiguous
+                                              or array.flags.f_contiguous)):
+        return None
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    return _array_of, (data, array.dtype, array.shape)
+
+
+def _array_of(data: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+    """The array of :func:`_reduced_array`."""
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def _check_picklable(value: Any) -> None:
