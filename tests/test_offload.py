@@ -575,7 +575,17 @@ def test_explain_refuses_arguments_the_call_would_refuse() -> None:
     values = np.random.default_rng().random(4)
     assert scaled.explain(values, factor=3.0).path == "cpu"
     assert veda.gpu(fixed_factor(scaled.__wrapped__)).explain(values).path == "cpu"
+
+    def scaling(function: Any) -> Any:
+        @functools.wraps(function)
+        def with_scale(x: np.ndarray, scale: float) -> np.ndarray:  # more than it wraps
+            return function(x) * scale
+        return with_scale
+
+    assert veda.gpu(scaling(lambda x: x)).explain(values, scale=2.0).path == "cpu"
     assert Model().add.explain(values, values).path == "cpu"  # no self: still a decision
+    with pytest.raises(TypeError):
+        Model().add.explain(values, z=values)  # through an instance, unknown keywords only
     for args, kwargs in [((), {"y": values}), ((values, 2.0, 3.0), {}), ((values,), {"x": 1})]:
         with pytest.raises(TypeError):
             scaled(*args, **kwargs)

@@ -313,8 +313,9 @@ class _Offload:
         is counted (the adaptive model's re-check interval counts calls). A GPU decision
         names the helpers earlier GPU calls ran as device clones (``helpers``). Arguments the
         function does not take (an unknown keyword, one too many, one given twice) raise a
-        TypeError, as the call would; missing ones do not (``explain`` reached through an
-        instance gets no ``self``)."""
+        TypeError, as the call would; missing ones do not. Reached through an instance,
+        ``explain`` gets no ``self`` and takes the first argument for it, so there it catches
+        unknown keywords only."""
         try:
             signature = inspect.signature(self.func, follow_wrapped=False)
         except (TypeError, ValueError):  # a callable without one: the call itself will tell
