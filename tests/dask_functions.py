@@ -144,7 +144,8 @@ def same_unless_none(item: Any) -> Any:
     return item
 
 
-def big_endian_arrays(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """A strided big-endian int array and a big-endian timedelta array of ``n`` values, made
-    in the worker (arrays NumPy pickles in band)."""
-    return np.arange(2 * n, dtype=">i4")[::2], np.arange(n).astype(">m8[s]")
+def big_endian_arrays(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A strided big-endian int array, a big-endian timedelta array of ``n`` values and its
+    Fortran-ordered 2-D form, made in the worker (arrays NumPy pickles in band)."""
+    return (np.arange(2 * n, dtype=">i4")[::2], np.arange(n).astype(">m8[s]"),
+            np.arange(2 * n).reshape(2, n).astype(">m8[s]").T)

@@ -504,11 +504,14 @@ def test_an_interrupt_raised_in_a_worker_reaches_the_caller_and_the_workers_live
 
 def test_arrays_numpy_pickles_in_band_come_back_with_their_byte_order(client: Any) -> None:
     on_dask(client)
-    for n, (strided, timedeltas) in zip([3, 5], veda.par_iter([3, 5]).map(
+    for n, (strided, timedeltas, fortran) in zip([3, 5], veda.par_iter([3, 5]).map(
             big_endian_arrays).collect()):
-        assert (strided.dtype.str, timedeltas.dtype.str) == (">i4", ">m8[s]")
+        assert (strided.dtype.str, timedeltas.dtype.str, fortran.dtype.str) == \
+            (">i4", ">m8[s]", ">m8[s]")
         np.testing.assert_array_equal(strided, np.arange(0, 2 * n, 2))
         np.testing.assert_array_equal(timedeltas, np.arange(n).astype("m8[s]"))
+        assert fortran.flags.f_contiguous and not fortran.flags.c_contiguous
+        np.testing.assert_array_equal(fortran, np.arange(2 * n).reshape(2, n).astype("m8[s]").T)
 
 
 def test_a_malformed_address_is_named() -> None:

@@ -105,19 +105,21 @@ def _array_pickler_class() -> type:
 def _reduced_array(array: np.ndarray) -> tuple[Any, ...] | None:
     """How to pickle an array of another byte order than this machine's that NumPy would
     pickle in band, where it loses its byte order (NumPy 2.4.6: one that is not contiguous,
-    or of a datetime kind): its bytes, contiguous, out of band, with its dtype and shape. None
-    for any other array."""
+    or of a datetime kind): its bytes out of band (copied only when not contiguous), with its
+    dtype, shape and memory order. None for any other array (subclasses are NumPy's)."""
     if array.dtype.isnative or array.dtype.hasobject or (
             array.dtype.kind not in "mM" and (array.flags.c_contiguous
                                               or array.flags.f_contiguous)):
         return None
-    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    return _array_of, (data, array.dtype, array.shape)
+    order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+    data = array.ravel(order=order).view(np.uint8)
+    return _array_of, (data, array.dtype, array.shape, order)
 
 
-def _array_of(data: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+def _array_of(data: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, ...],
+              order: str) -> np.ndarray:
     """The array of :func:`_reduced_array`."""
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order=order)
 
 
 def _check_picklable(value: Any) -> None:
