@@ -131,6 +131,9 @@ def test_other_callables_take_the_variadic_wrapper_with_the_same_rules() -> None
         np.testing.assert_array_equal(wrapped(*args), expected)
         [row] = runtime.telemetry.snapshot()["functions"]
         assert row["last_reason"] == "below threshold: 48 B < 1.0 MB"
+        named = {Scale: "Scale", functools.partial: "multiply"}.get(type(callable_), "signed")
+        assert wrapped.__name__ == named  # what it runs, not the wrapper's own name
+    assert veda.gpu(functools.partial(signed)).__doc__ == signed.__doc__
 
 
 def test_wrappers_sharing_one_compiled_template_keep_their_own_functions_and_defaults() -> None:
