@@ -215,6 +215,29 @@ def whole_number(value: Any) -> int:
     return operator.index(value)
 
 
+def checked_int(where: str, value: Any, minimum: int | None = None,
+                allowed: str | None = None) -> int:
+    """``value`` as an ``int`` when it is a whole number (:func:`whole_number`) of at least
+    ``minimum`` (any, when None); else ConfigError naming ``where``, the value and ``allowed``
+    (default: "an int", or "an int >= minimum")."""
+    try:
+        number: int | None = whole_number(value)
+    except TypeError:
+        number = None
+    if number is None or (minimum is not None and number < minimum):
+        default = "an int" if minimum is None else f"an int >= {minimum}"
+        raise ConfigError(f"{where}: got {value!r}; allowed: {allowed or default}")
+    return number
+
+
+def one_of(value: Any, words: tuple[str, ...]) -> str:
+    """``value`` lowered when it is one of ``words`` (lower-case) in any case; ValueError
+    otherwise."""
+    if not isinstance(value, str) or value.lower() not in words:
+        raise ValueError("not one of the words")
+    return value.lower()
+
+
 def _check_positive_int(value: Any) -> int:
     number = whole_number(value)
     if number < 1:
@@ -307,9 +330,7 @@ def _devices_from_env(text: str) -> tuple[int, ...] | None:
 
 def _check_choice(words: tuple[str, ...]) -> Callable[[Any], str]:
     def check(value: Any) -> str:  # any case, as the environment variables and log_level
-        if not isinstance(value, str) or value.lower() not in words:
-            raise ValueError("not one of the words")
-        return value.lower()
+        return one_of(value, words)
 
     return check
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import numpy as np
 
 from vedart import lifecycle
-from vedart.config import FIELD_SPECS, parameter_names, whole_number
+from vedart.config import FIELD_SPECS, checked_int, one_of, parameter_names
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
 from vedart.gpu.transfer import (
     Staged,
@@ -120,22 +120,16 @@ class OffloadOptions:
     def validated(device: Any, threshold: Any, force: Any, fallback: Any, writes: Any,
                   returns: Any, idempotent: Any = True, reach: Any = True) -> OffloadOptions:
         if device is not None:
-            try:
-                ordinal = whole_number(device)
-            except TypeError:
-                ordinal = -1
-            if ordinal < 0:
-                raise ConfigError(f"device: got {device!r}; allowed: None or a CUDA ordinal "
-                                  ">= 0")
-            device = ordinal
+            device = checked_int("device", device, 0, "None or a CUDA ordinal >= 0")
         if threshold is not None:
             threshold = replace(FIELD_SPECS["offload_threshold"], name="threshold").validate(threshold)
         if fallback is not None:
             fallback = FIELD_SPECS["fallback"].validate(fallback)
         writes = parameter_names("writes", writes, "a tuple of parameter names")
-        if not isinstance(returns, str) or returns.lower() not in RETURNS:
-            raise ConfigError(f"returns: got {returns!r}; allowed: 'host' or 'device'")
-        returns = returns.lower()
+        try:
+            returns = one_of(returns, RETURNS)
+        except ValueError:
+            raise ConfigError(f"returns: got {returns!r}; allowed: 'host' or 'device'") from None
         if not isinstance(idempotent, bool):
             raise ConfigError(f"idempotent: got {idempotent!r}; allowed: True or False")
         if not isinstance(reach, bool):

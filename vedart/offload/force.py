@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 
+from vedart.config import one_of
 from vedart.errors import ConfigError
 
 PATHS = ("cpu", "gpu")
@@ -20,10 +21,11 @@ def check_path(option: str, value: object, *, none: bool = True) -> str | None:
     ConfigError naming ``option`` and what is allowed otherwise."""
     if value is None and none:
         return None
-    if not isinstance(value, str) or value.lower() not in PATHS:
+    try:
+        return one_of(value, PATHS)
+    except ValueError:
         raise ConfigError(f"{option}: got {value!r}; allowed: "
-                          f"{'None, ' if none else ''}'cpu' or 'gpu'")
-    return value.lower()
+                          f"{'None, ' if none else ''}'cpu' or 'gpu'") from None
 
 
 @contextmanager

@@ -32,7 +32,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from vedart.config import whole_number
+from vedart.config import checked_int
 from vedart.errors import ConfigError, OffloadError, OffloadWarning
 from vedart.lifecycle import get_runtime
 from vedart.offload.force import forced_path
@@ -91,19 +91,6 @@ def _check_callable(where: str, value: Any) -> None:
                         "allowed: a callable")
 
 
-def _check_int(where: str, value: Any, minimum: int, allowed: str | None = None) -> int:
-    """``value`` when it is an int >= ``minimum``, else ConfigError naming ``where``, the value
-    and ``allowed`` (default: "an int >= minimum")."""
-    try:
-        number = whole_number(value)
-    except TypeError:
-        number = None
-    if number is None or number < minimum:
-        raise ConfigError(f"{where}: got {value!r}; allowed: "
-                          f"{allowed or f'an int >= {minimum}'}")
-    return number
-
-
 def _iterable(value: Any) -> bool:
     """Whether ``iter(value)`` works: ``__iter__``, or the sequence protocol (``__getitem__``
     from 0), as the builtins accept, and not a 0-d array. ``iter`` is called only on objects
@@ -128,7 +115,7 @@ def par_iter(iterable: Iterable[T], chunk_size: int | None = None) -> ParIter[T]
         raise TypeError(f"par_iter: got {iterable!r} of type {type(iterable).__name__}; "
                         "allowed: an iterable")
     if chunk_size is not None:
-        chunk_size = _check_int("chunk_size", chunk_size, 1, "None (automatic) or an int >= 1")
+        chunk_size = checked_int("chunk_size", chunk_size, 1, "None (automatic) or an int >= 1")
     return ParIter(iterable, chunk_size, ())
 
 
@@ -178,16 +165,13 @@ class ParIter(Generic[T]):
         results in input order. A plain ``f`` runs on the loop's thread and holds the others up
         while it runs (use ``map`` for CPU work)."""
         _check_callable("async_map(f)", f)
-        concurrency = _check_int("async_map(concurrency)", concurrency, 1)
+        concurrency = checked_int("async_map(concurrency)", concurrency, 1)
         return self._then("async_map", f"async_map({_name(f)})", f, concurrency)
 
     def enumerate(self, start: int = 0) -> ParIter[tuple[int, T]]:
         """``(count, item)`` pairs, count from ``start``."""
-        try:
-            first = whole_number(start)
-        except TypeError:
-            raise ConfigError(f"enumerate(start): got {start!r}; allowed: an int") from None
-        return self._then("enumerate", "enumerate", argument=first)
+        return self._then("enumerate", "enumerate",
+                          argument=checked_int("enumerate(start)", start))
 
     def zip(self, *others: Iterable[Any]) -> ParIter[tuple[Any, ...]]:
         """``(item, other_1_item, ...)`` tuples, ending with the shortest input."""
@@ -199,15 +183,15 @@ class ParIter(Generic[T]):
 
     def take(self, n: int) -> ParIter[T]:
         """The first ``n`` items; reading stops there (work read ahead is cancelled)."""
-        return self._then("take", f"take({n})", argument=_check_int("take(n)", n, 0))
+        return self._then("take", f"take({n})", argument=checked_int("take(n)", n, 0))
 
     def skip(self, n: int) -> ParIter[T]:
         """All items after the first ``n`` (failed items among those are dropped too)."""
-        return self._then("skip", f"skip({n})", argument=_check_int("skip(n)", n, 0))
+        return self._then("skip", f"skip({n})", argument=checked_int("skip(n)", n, 0))
 
     def chunk(self, size: int) -> ParIter[list[T]]:
         """Lists of ``size`` consecutive items (the last may be shorter)."""
-        return self._then("chunk", f"chunk({size})", argument=_check_int("chunk(size)", size, 1))
+        return self._then("chunk", f"chunk({size})", argument=checked_int("chunk(size)", size, 1))
 
     def gpu_map(self, f: Callable[[T], U], device: int | None = None,
                 force: str | None = None) -> ParIter[U]:
@@ -217,7 +201,7 @@ class ParIter(Generic[T]):
         ``@veda.gpu(force=force)`` unless it already is a @veda.gpu function."""
         _check_callable("gpu_map(f)", f)
         if device is not None:
-            device = _check_int("gpu_map(device)", device, 0, "None or a CUDA ordinal >= 0")
+            device = checked_int("gpu_map(device)", device, 0, "None or a CUDA ordinal >= 0")
         return self._then("gpu_map", f"gpu_map({_name(f)})", offloaded(f, force), device)
 
     # --- terminals ----------------------------------------------------------------------
