@@ -140,9 +140,21 @@ def _compiled(source: str, filename: str) -> types.CodeType:
     """``source`` compiled: once per source and name, since compiling was most of making a
     wrapper (0.28 ms, then 0.06 ms for the same function again, AMD EPYC, 2026-11-27), which
     ``gpu_map`` of a plain function does per pipeline. The code holds only the template's
-    names: the function and its defaults are bound in each wrapper's own namespace, and each
-    wrapper runs a copy of the function's code."""
+    names: what it calls is bound in each function's own namespace."""
     return compile(source, filename, "exec")
+
+
+def generated(source: str, filename: str, namespace: dict[str, Any],
+              name: str) -> Callable[..., Any]:
+    """The function ``name`` that ``source`` defines, its globals ``namespace``: compiled once
+    per source (:func:`_compiled`), with a code object of its own. The interpreter specialises
+    a code object's global lookups for one globals dict, and functions sharing one, each with
+    its own namespace, called in turn undid that on every call (a wrapper took 302 against 221
+    ns a call, AMD EPYC, 2026-11-27)."""
+    exec(_compiled(source, filename), namespace)  # noqa: S102
+    function = namespace[name]
+    function.__code__ = function.__code__.replace()
+    return function  # type: ignore[no-any-return]
 
 
 def build_wrapper(func: Callable[..., Any], site: CallSite,
@@ -192,13 +204,8 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
         forward=", ".join(forward),
         positional=f"({', '.join(positional)},)" if positional else "()",
         keywords="{" + ", ".join(keywords) + "}")
-    exec(_compiled(source, f"<@veda.gpu wrapper of {getattr(func, '__qualname__', func)!s}>"),
-         namespace)
-    wrapper = namespace["gpu_wrapper"]
-    # A code object of its own: the interpreter specialises a code object's global lookups for
-    # one globals dict, and wrappers sharing one, each with its own namespace, called in turn
-    # undid that on every call (302 against 221 ns a call, AMD EPYC, 2026-11-27).
-    wrapper.__code__ = wrapper.__code__.replace()
+    wrapper = generated(source, f"<@veda.gpu wrapper of {getattr(func, '__qualname__', func)!s}>",
+                        namespace, "gpu_wrapper")
     functools.update_wrapper(wrapper, func)
     if not hasattr(func, "__name__"):  # a partial or a callable object: named after what it runs
         target = func.func if isinstance(func, functools.partial) else type(func)

@@ -10,12 +10,12 @@ fused (a ``take`` between them stops fusion).
 from __future__ import annotations
 
 import functools
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from vedart.offload.call_wrapper import generated
 from vedart.parallel.batch import Batch, ItemFailure
 
 KINDS = ("map", "filter", "flat_map")
@@ -119,12 +119,12 @@ _FAILED = """\
 """
 
 
+@functools.lru_cache(maxsize=256)
 def _chain_source(kinds: tuple[str, ...]) -> str:
     """The source of ``run`` for steps of ``kinds`` (functions ``f0``, ``f1``, ...)."""
     source, indent, value = _HEAD, " " * 8, "v0"
-    held = [f"v{index + 1}" for index, kind in enumerate(kinds) if kind == "map"]
+    held = [f"v{index + 1}" for index, kind in enumerate(kinds) if kind != "filter"]
     held += [f"outputs{index}" for index, kind in enumerate(kinds) if kind == "flat_map"]
-    held += [f"v{index + 1}" for index, kind in enumerate(kinds) if kind == "flat_map"]
     if held:  # the item before's values go before this item's first step
         source += f"{indent}{' = '.join(held)} = None\n"
     for index, kind in enumerate(kinds):
@@ -144,15 +144,10 @@ def _chain_source(kinds: tuple[str, ...]) -> str:
     return source + "    return values, made_from, failures\n"
 
 
-@functools.lru_cache(maxsize=256)
-def _chain_code(kinds: tuple[str, ...]) -> types.CodeType:
-    return compile(_chain_source(kinds), f"<vedart chain {'-'.join(kinds)}>", "exec")
-
-
 def _chain_function(steps: Sequence[Step]) -> Run:
     """``run(items, origins, upstream failures) -> (values, origins, failures)`` for
     ``steps``."""
+    kinds = tuple(step.kind for step in steps)
     namespace: dict[str, Any] = {f"f{index}": step.function for index, step in enumerate(steps)}
     namespace.update(labels=[step.label for step in steps], Failure=ItemFailure)
-    exec(_chain_code(tuple(step.kind for step in steps)), namespace)  # noqa: S102
-    return namespace["run"]  # type: ignore[no-any-return]
+    return generated(_chain_source(kinds), f"<vedart chain {'-'.join(kinds)}>", namespace, "run")
