@@ -348,11 +348,7 @@ def _check_optional_path(value: Any) -> str | None:
 
 
 def _check_log_level(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
-        raise ValueError("not a level")
-    return value.lower()
+    return None if value is None else one_of(value, LOG_LEVELS)
 
 
 def _identity(text: str) -> str:

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from vedart.locks import renew_in_child
+
 MIB = 2**20
 SLOTS = 4
 SLOT_BYTES = 4 * MIB
@@ -44,7 +46,8 @@ class _SwitchInterval:
         self._saved = 0.0
         self._generation = 0  # one more in each forked child
         # A fork waits for a change under way, so that the child finds the count and the
-        # interval agreeing. Looked up at each fork: a child replaces the lock.
+        # interval agreeing. Looked up at each fork: a child has a new lock (renew_in_child).
+        renew_in_child(self, "_lock")
         os.register_at_fork(before=lambda: self._lock.acquire(),
                             after_in_parent=lambda: self._lock.release(),
                             after_in_child=self._after_fork_in_child)
@@ -68,7 +71,6 @@ class _SwitchInterval:
                         _restore(self._saved)
 
     def _after_fork_in_child(self) -> None:
-        self._lock = threading.Lock()
         if self._active:
             _restore(self._saved)
         self._active = 0

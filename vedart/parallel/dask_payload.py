@@ -50,12 +50,15 @@ SHOWN_CHARACTERS = 200  # of an unpicklable result's repr, in its failure
 LOADED_CHAINS = 16      # pipelines whose loaded chain a worker keeps
 
 
-def _dumps(value: Any) -> bytes:
-    """``value`` pickled with cloudpickle, except that a @veda.gpu wrapper of the main script
-    it reaches (a stage's function calling one, say), which cloudpickle would copy with the
-    wrapper's own machinery, travels as its function and options, rebuilt by the worker."""
+def _dump(value: Any, buffers: list[pickle.PickleBuffer] | None = None) -> bytes:
+    """``value`` pickled with cloudpickle (protocol 5; array buffers out of band in
+    ``buffers`` when given, uncopied), except that a @veda.gpu wrapper of the main script it
+    reaches (a stage's function calling one, say), which cloudpickle would copy with the
+    wrapper's own machinery, travels as its function and options, rebuilt by the worker, and
+    that an array NumPy would pickle in band goes as :func:`_reduced_array` says."""
     buffer = io.BytesIO()
-    _pickler_class()(buffer).dump(value)
+    _pickler_class()(buffer, protocol=5,
+                     buffer_callback=None if buffers is None else buffers.append).dump(value)
     return buffer.getvalue()
 
 
@@ -63,43 +66,23 @@ def _dumps(value: Any) -> bytes:
 def _pickler_class() -> type:
     import cloudpickle  # comes with the dask extra; this module is imported without it
 
-    class RecipePickler(cloudpickle.Pickler):  # type: ignore[misc]
+    class VedartPickler(cloudpickle.Pickler):  # type: ignore[misc]
         def reducer_override(self, obj: Any) -> Any:
             if type(obj) is types.FunctionType and is_gpu_wrapper(obj) \
                     and obj.__module__ == "__main__":
                 return _rebuilt, (GpuRecipe(obj.__wrapped__, obj.gpu_options),)
-            return super().reducer_override(obj)
-
-    return RecipePickler
-
-
-def _rebuilt(recipe: GpuRecipe) -> Callable[..., Any]:
-    """In the worker: the @veda.gpu wrapper ``recipe`` describes."""
-    return recipe.build()
-
-
-def _pickled(value: Any, buffers: list[pickle.PickleBuffer]) -> bytes:
-    """``value`` pickled as Dask will (cloudpickle, protocol 5), its array buffers out of band
-    in ``buffers`` (uncopied, as Dask sends them), arrays NumPy would pickle in band as
-    :func:`_reduced_array` says."""
-    buffer = io.BytesIO()
-    _array_pickler_class()(buffer, protocol=5, buffer_callback=buffers.append).dump(value)
-    return buffer.getvalue()
-
-
-@lru_cache(maxsize=1)
-def _array_pickler_class() -> type:
-    import cloudpickle
-
-    class ArrayPickler(cloudpickle.Pickler):  # type: ignore[misc]
-        def reducer_override(self, obj: Any) -> Any:
             if type(obj) is np.ndarray:
                 reduced = _reduced_array(obj)
                 if reduced is not None:
                     return reduced
             return super().reducer_override(obj)
 
-    return ArrayPickler
+    return VedartPickler
+
+
+def _rebuilt(recipe: GpuRecipe) -> Callable[..., Any]:
+    """In the worker: the @veda.gpu wrapper ``recipe`` describes."""
+    return recipe.build()
 
 
 def _reduced_array(array: np.ndarray) -> tuple[Any, ...] | None:
@@ -123,8 +106,8 @@ def _array_of(data: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, ...],
 
 
 def _check_picklable(value: Any) -> None:
-    """Pickle ``value`` as Dask will, to raise what Dask would."""
-    _pickled(value, [])
+    """Pickle ``value`` with cloudpickle (:func:`_dump`), to raise what sending it would."""
+    _dump(value, [])
 
 
 def _check_travels(value: Any) -> None:
@@ -133,7 +116,7 @@ def _check_travels(value: Any) -> None:
     but does not load). Items are not checked so (loading a CuPy array back would copy it on
     its device)."""
     buffers: list[pickle.PickleBuffer] = []
-    pickle.loads(_pickled(value, buffers), buffers=buffers)
+    pickle.loads(_dump(value, buffers), buffers=buffers)
 
 
 @dataclass(frozen=True)
@@ -166,7 +149,7 @@ def encode_steps(steps: Sequence[Step]) -> bytes:
     for step in steps:
         function = _portable(step.function)
         try:
-            _dumps(function)
+            _dump(function)
         except Exception as error:
             raise ParIterError(
                 f"par_iter stage {step.label} cannot run on Dask workers: its function "
@@ -174,7 +157,7 @@ def encode_steps(steps: Sequence[Step]) -> bytes:
                 "at the top level of a module, without references to locks, files or other "
                 "process-bound objects", stage=step.label) from error
         portable.append((step.kind, function, step.label))
-    return _dumps(tuple(portable))
+    return _dump(tuple(portable))
 
 
 def check_batch(batch: Batch, stage: str) -> None:
@@ -333,14 +316,16 @@ def run_batch(steps: bytes, batch: Batch | SharedBatch, forced: str | None) -> A
 
 
 def _packed(batch: Batch) -> tuple[bytes, list[np.ndarray]]:
-    """``batch``'s items, origins and failures pickled here as Dask would pickle them
-    (:func:`_pickled`) and loaded back once (what a worker sends must load in the client),
-    with their array buffers out of band as byte arrays, which Dask sends uncopied. Pickled
-    here, not by Dask: an array inside another object, or in a list whose first element is no
-    array, came back to the client in native byte order (distributed 2026.8)."""
+    """``batch``'s items, origins and failures pickled (:func:`_dump`), with their array
+    buffers out of band as byte arrays, which Dask sends uncopied; loaded back once when it
+    holds failures or more than plain data (what a worker sends must load in the client), as
+    :func:`check_batch` does. Pickled here, not by Dask: an array inside another object, or in
+    a list whose first element is no array, came back to the client in native byte order
+    (distributed 2026.8)."""
     buffers: list[pickle.PickleBuffer] = []
-    payload = _pickled((batch.items, batch.origins, batch.failures), buffers)
-    pickle.loads(payload, buffers=buffers)
+    payload = _dump((batch.items, batch.origins, batch.failures), buffers)
+    if batch.failures or not all(map(_plain, batch.items)):
+        pickle.loads(payload, buffers=buffers)
     return payload, [np.frombuffer(buffer.raw(), np.uint8) for buffer in buffers]
 
 
