@@ -42,7 +42,14 @@ def test_cuda_backend_without_cuda_raises_with_the_gpu_unavailable_reason() -> N
     assert CUDABackend.check_available() is False
 
 
-@pytest.mark.parametrize("device_id", [-1, 1.0, True, "0"])
+@without_cuda
+def test_cuda_backend_takes_a_numpy_integer_device_id() -> None:
+    # Past the argument check: a NumPy ordinal reaches discovery as an int does.
+    with pytest.raises(GPUUnavailableError):
+        CUDABackend(device_id=np.int64(0))
+
+
+@pytest.mark.parametrize("device_id", [-1, np.int32(-2), 1.0, True, "0"])
 def test_cuda_backend_rejects_a_malformed_device_id_first(device_id: Any) -> None:
     with pytest.raises(DeviceError) as error:
         CUDABackend(device_id=device_id)

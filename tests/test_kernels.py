@@ -253,6 +253,11 @@ def test_only_kernels_can_be_registered() -> None:
         gpu_kernel(cuda.jit(star))
 
 
+def test_threads_per_block_takes_a_numpy_integer() -> None:
+    kernel = gpu_kernel(threads_per_block=np.int64(64))(writes_both)
+    assert kernel.options.threads_per_block == 64 and type(kernel.options.threads_per_block) is int
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"threads_per_block": 0}, "threads_per_block: got 0; allowed: an int from 1 to 1024"),
     ({"threads_per_block": 2048}, "threads_per_block: got 2048; allowed: an int from 1 to 1024"),

@@ -19,6 +19,7 @@ from vedart.backends.base import Backend, numba_argument_types
 from vedart.backends.dims import LaunchDims, LaunchLimits
 from vedart.backends.numba_launch import NumbaLauncher
 from vedart.backends.simulator import python_function
+from vedart.config import whole_number
 from vedart.errors import DeviceError, GPUUnavailableError
 from vedart.gpu import transfer
 from vedart.gpu.devices import CudaProbe, DeviceInfo, Discovery
@@ -44,8 +45,13 @@ class CUDABackend(Backend):
     """
 
     def __init__(self, *, device_id: int = 0, enable_caching: bool = True) -> None:
-        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+        try:
+            ordinal = whole_number(device_id)  # a NumPy integer too
+        except TypeError:
+            ordinal = -1
+        if ordinal < 0:
             raise DeviceError(f"device_id: got {device_id!r}; allowed: a CUDA ordinal >= 0")
+        device_id = ordinal
         discovery = _discover()
         if discovery.unavailable_reason is not None:
             raise GPUUnavailableError(f"CUDA backend unavailable: {discovery.unavailable_reason}")

@@ -37,7 +37,7 @@ from vedart import lifecycle
 from vedart._logging import logger
 from vedart.backends import Backend, CPUBackend
 from vedart.backends.dims import CUDA_LIMITS, LaunchDims, launch_dims
-from vedart.config import parameter_names
+from vedart.config import checked_int, parameter_names
 from vedart.errors import (
     ConfigError,
     GPUUnavailableError,
@@ -88,8 +88,9 @@ class KernelOptions:
     def validated(threads_per_block: Any, size_from: Any, outputs: Any, cpu: Any,
                   autotune: Any) -> KernelOptions:
         most = CUDA_LIMITS.max_threads_per_block
-        if isinstance(threads_per_block, bool) or not isinstance(threads_per_block, int) or \
-                not 1 <= threads_per_block <= most:
+        threads = checked_int("threads_per_block", threads_per_block, 1,
+                              f"an int from 1 to {most}")
+        if threads > most:
             raise ConfigError(f"threads_per_block: got {threads_per_block!r}; allowed: an int "
                               f"from 1 to {most}")
         if size_from is not None and not isinstance(size_from, str):
@@ -102,7 +103,7 @@ class KernelOptions:
                               f"kernel's arguments")
         if not isinstance(autotune, bool):
             raise ConfigError(f"autotune: got {autotune!r}; allowed: True or False")
-        return KernelOptions(threads_per_block, size_from, outputs, cpu, autotune)
+        return KernelOptions(threads, size_from, outputs, cpu, autotune)
 
 
 @dataclass(frozen=True)
