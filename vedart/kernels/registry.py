@@ -55,7 +55,7 @@ from vedart.kernels.arguments import (
 from vedart.kernels.autotune import Autotuner
 from vedart.kernels.launch_config import auto_dims
 from vedart.locks import renew_in_child
-from vedart.offload.failures import failure_summary, loses_context
+from vedart.offload.failures import loses_context, lost_context_reason
 from vedart.telemetry import KernelStats
 
 _NEVER_CURRENT: Any = object()  # a route "runtime" that is never lifecycle.current
@@ -217,9 +217,7 @@ class KernelHandle:
             # Nothing more runs on this GPU: every caller's own route turns to where a missing
             # GPU sends it. Copies back come only after success, so a launch routed anew finds
             # its caller's arrays as they were.
-            first = route.gpu.disable(
-                f"{failure_summary(error)} (in kernel {self.qualified_name}); the CUDA "
-                "context is lost for this process: restart it to use the GPU")
+            first = route.gpu.disable(lost_context_reason(error, f"kernel {self.qualified_name}"))
             if first or call.device or rerouted:
                 raise
             return error

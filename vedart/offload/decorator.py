@@ -66,6 +66,7 @@ from vedart.offload.failures import (
     failure_summary,
     is_gpu_failure,
     loses_context,
+    lost_context_reason,
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
 from vedart.offload.linalg_status import raise_errors_here
@@ -122,7 +123,8 @@ class OffloadOptions:
         if device is not None:
             device = checked_int("device", device, 0, "None or a CUDA ordinal >= 0")
         if threshold is not None:
-            threshold = replace(FIELD_SPECS["offload_threshold"], name="threshold").validate(threshold)
+            threshold = replace(FIELD_SPECS["offload_threshold"],
+                                name="threshold").validate(threshold)
         if fallback is not None:
             fallback = FIELD_SPECS["fallback"].validate(fallback)
         writes = parameter_names("writes", writes, "a tuple of parameter names")
@@ -735,8 +737,7 @@ class PlannedCall:
         if lost:  # nothing more can run on this GPU in this process: say so once, use the CPU
             gpu = self._runtime.gpu
             assert gpu is not None
-            gpu.disable(f"{summary} (in {offload.name}{where}); the CUDA context is lost "
-                        "for this process: restart it to use the GPU")
+            gpu.disable(lost_context_reason(error, offload.name + where))
             _warn_once.warn(offload.name, "context lost", (
                 f"{offload.name}: {summary}{where}: the CUDA context is lost; every @gpu call "
                 "runs on the CPU from now on (restart the process to use the GPU)"))

@@ -115,6 +115,13 @@ def failure_summary(error: BaseException) -> str:
     return f"{type(error).__name__}: {first_line}"[:200]
 
 
+def lost_context_reason(error: BaseException, place: str) -> str:
+    """Why the GPU is disabled after ``error``, which lost the CUDA context in ``place`` (a
+    function or kernel name, with the helper it failed in, if any)."""
+    return (f"{failure_summary(error)} (in {place}); the CUDA context is lost for this "
+            "process: restart it to use the GPU")
+
+
 class WarnOnce:
     """Warns (an :class:`OffloadWarning`, and on the ``vedart`` logger) the first time each
     (function, kind) is seen: a kind of failure is its exception's type name."""
