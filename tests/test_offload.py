@@ -243,6 +243,42 @@ def test_non_callable_raises_type_error() -> None:
         veda.gpu(5)  # type: ignore[call-overload]
 
 
+def test_generator_and_async_functions_raise_type_error() -> None:
+    def draws(n):  # type: ignore[no-untyped-def]
+        yield np.ones(n)
+
+    async def later(a):  # type: ignore[no-untyped-def]
+        return a * 2
+
+    async def stream(a):  # type: ignore[no-untyped-def]
+        yield a
+
+    for function, kind in ((draws, "a generator function"), (later, "an async function"),
+                           (stream, "an async function")):
+        with pytest.raises(TypeError) as error:
+            veda.gpu(function)
+        assert str(error.value) == (
+            f"@veda.gpu: {function.__qualname__} is {kind}, whose body runs after the call "
+            "returns; allowed: a plain function (decorate the function it calls per item)")
+
+
+def test_decorating_twice_raises_type_error() -> None:
+    def scale(a, out):  # type: ignore[no-untyped-def]
+        out[:] = a * 2
+
+    once = veda.gpu(writes=("out",))(scale)
+    for twice in (lambda: veda.gpu(once), lambda: veda.gpu(device=0)(once)):
+        with pytest.raises(TypeError) as error:
+            twice()
+        assert str(error.value) == (
+            f"@veda.gpu: {scale.__qualname__} is already a @veda.gpu function; decorate it "
+            "once, with every option (for other options, wrap its __wrapped__)")
+    again = veda.gpu(once.__wrapped__)
+    out = np.zeros(3)
+    again(np.ones(3), out)
+    np.testing.assert_array_equal(out, np.full(3, 2.0))
+
+
 # --- decorator forms ------------------------------------------------------------------------
 
 def test_forms_and_metadata() -> None:

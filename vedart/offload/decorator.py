@@ -782,6 +782,21 @@ def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., An
         return type(func)(_wrap(func.__func__, options))  # type: ignore[return-value]
     if not callable(func):
         raise TypeError(f"@veda.gpu needs a callable; got {func!r} of type {type(func).__name__}")
+    name = getattr(func, "__qualname__", type(func).__qualname__)
+    if hasattr(func, "gpu_options") and hasattr(func, "__wrapped__"):
+        # Two decisions a call would each count it, and the outer's options would hide the
+        # inner's (a lost writes= leaves the caller's array unwritten).
+        raise TypeError(f"@veda.gpu: {name} is already a @veda.gpu function; decorate it "
+                        f"once, with every option (for other options, wrap its __wrapped__)")
+    lazy = "a generator function" if inspect.isgeneratorfunction(func) else \
+        "an async function" if inspect.iscoroutinefunction(func) or \
+        inspect.isasyncgenfunction(func) else None
+    if lazy is not None:
+        # Its body runs after the call has returned, outside the decision: on the GPU path
+        # it would hand out device arrays.
+        raise TypeError(f"@veda.gpu: {name} is {lazy}, whose body runs after the call "
+                        f"returns; allowed: a plain function (decorate the function it calls "
+                        f"per item)")
     offload = _Offload(func, options)
     gpu_wrapper = build_wrapper(func, offload, forced_path)
 
