@@ -87,18 +87,40 @@ def test_reason_for_cuda_status(status: int, environ: dict[str, str], driver: bo
     assert reason_for_cuda_status(status, "boom", environ, driver) == reason
 
 
-def test_cupy_missing_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+_CUPYS_MESSAGE = """
+================================================================
+Failed to import CuPy.
+
+On Linux, you may need to set LD_LIBRARY_PATH environment variable depending on how you installed CUDA/ROCm.
+
+Original error:
+  ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory
+================================================================
+"""
+
+
+@pytest.mark.parametrize(("error", "reason"), [
+    (ModuleNotFoundError("No module named 'cupy'", name="cupy"), "cupy is not installed"),
+    (ImportError(_CUPYS_MESSAGE), "cupy failed to import: ImportError: libnvrtc.so.12: cannot "
+                                  "open shared object file: No such file or directory"),
+    (ModuleNotFoundError("No module named 'fastrlock'", name="fastrlock"),
+     "cupy failed to import: ModuleNotFoundError: No module named 'fastrlock'"),
+    (OSError("libcudart.so: bad ELF\nsecond line"), "cupy failed to import: OSError: libcudart.so: "
+                                                    "bad ELF"),
+])
+def test_cupy_missing_or_broken_is_reported(monkeypatch: pytest.MonkeyPatch, error: Exception,
+                                            reason: str) -> None:
     import builtins
 
     real_import = builtins.__import__
 
     def no_cupy(name: str, *args: object, **kwargs: object) -> object:
         if name == "cupy":
-            raise ImportError("No module named 'cupy'")
+            raise error
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_cupy)
-    assert CudaProbe().discover().unavailable_reason == "cupy is not installed"
+    assert CudaProbe().discover().unavailable_reason == reason
 
 
 @pytest.mark.parametrize(

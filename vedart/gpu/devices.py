@@ -116,6 +116,18 @@ def _device_info(cupy: Any, ordinal: int) -> DeviceInfo:
     )
 
 
+def _import_failure(error: Exception) -> str:
+    """One line of a failed CuPy import: the original error CuPy's message quotes, else the
+    first line of the message, with the exception's type."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    if "Original error:" in lines[:-1]:
+        quoted = lines[lines.index("Original error:") + 1]
+        if quoted:
+            return quoted
+    first = next((line for line in lines if line.strip("=")), "")
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
 class CudaProbe:
     """Discovery through CuPy, memory and utilisation through NVML (``cudaMemGetInfo`` when
     NVML is missing; utilisation then raises GPUUnavailableError)."""
@@ -129,10 +141,12 @@ class CudaProbe:
     def discover(self) -> Discovery:
         try:
             import cupy
-        except ImportError:
-            return Discovery((), "cupy is not installed")
+        except ModuleNotFoundError as error:
+            if error.name == "cupy":
+                return Discovery((), "cupy is not installed")
+            return Discovery((), f"cupy failed to import: {_import_failure(error)}")
         except Exception as error:  # a broken CuPy install raises many kinds at import
-            return Discovery((), f"cupy failed to import: {error}")
+            return Discovery((), f"cupy failed to import: {_import_failure(error)}")
         try:
             count = cupy.cuda.runtime.getDeviceCount()
         except cupy.cuda.runtime.CUDARuntimeError as error:
