@@ -613,3 +613,30 @@ def test_an_idle_lane_keeps_no_results_alive() -> None:
         time.sleep(0.005)
     gc.collect()
     assert [ref() for ref in alive] == [None] * 6
+
+
+class _Scaler:
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    @veda.gpu(returns="host")
+    def scale(self, a: np.ndarray) -> np.ndarray:
+        return a * self.factor
+
+    @veda.gpu
+    @classmethod
+    def doubled(cls, a: np.ndarray) -> np.ndarray:
+        return a * 2
+
+
+def test_a_bound_gpu_method_keeps_its_object_in_every_path() -> None:
+    # The lanes plan calls, and hybrid CPU workers call __wrapped__: both must bind the object.
+    item = np.arange(3.0)
+    for method, expected in ((_Scaler(3.0).scale, item * 3), (_Scaler.doubled, item * 2)):
+        wrapper = gpu_map.offloaded(method, None)
+        np.testing.assert_array_equal(wrapper.plan_call(item).run(), expected)
+        np.testing.assert_array_equal(wrapper.__wrapped__(item), expected)
+        np.testing.assert_array_equal(wrapper(item), expected)
+        assert wrapper.gpu_options == method.gpu_options  # type: ignore[attr-defined]
+        results = par_iter([item, item + 1]).gpu_map(method).collect()
+        np.testing.assert_array_equal(results[1], gpu_map.offloaded(method, None)(item + 1))

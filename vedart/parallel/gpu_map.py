@@ -32,8 +32,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from contextvars import copy_context
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
+from types import MethodType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from vedart.errors import ConfigError
@@ -101,6 +102,12 @@ def offloaded(function: Callable[..., Any], force: str | None) -> GpuFunction:
     """``function`` as a @gpu wrapper (wrapped with ``force=`` unless it already is one)."""
     if not is_gpu_wrapper(function):
         return cast(GpuFunction, gpu(force=force)(function))
+    if force is None and isinstance(function, MethodType) and is_gpu_wrapper(function.__func__):
+        # A @veda.gpu method bound to an object: its plan_call and __wrapped__ are the
+        # function's, which would take the item for ``self``. The same function, bound, with
+        # the same options (one wrapper per pipeline: the call's bookkeeping is by function).
+        method = MethodType(function.__func__.__wrapped__, function.__self__)
+        return cast(GpuFunction, gpu(**asdict(function.gpu_options))(method))
     if force is not None:
         raise ConfigError(f"force: got {force!r} for {function.__name__}, which is already "
                           "@veda.gpu; allowed: None (give force= to @veda.gpu, or use a "
