@@ -463,6 +463,7 @@ def test_zip_reads_its_iterables_row_by_row_as_the_builtin_does() -> None:
     assert next(shared) == 3  # as after zip(range(10), shared, [1, 2])
     with pytest.raises(ParIterError, match="item 2 failed in stage #1 zip: LookupError"):
         par_iter(range(10)).zip(raising_at(2), [1, 2, 3]).collect()
+    assert par_iter(range(3)).zip().collect() == list(zip(range(3)))  # 1-tuples
 
 
 @pytest.mark.parametrize("pipeline", [

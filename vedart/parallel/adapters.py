@@ -51,6 +51,8 @@ class Zip(Stage):
             return None
         # Row by row, as the builtin zip reads them: no iterable is read past the row where
         # one ended, so an error it would raise later is never seen, and none loses items.
+        if not self._iterators:  # the builtin zip of one iterable: each item in a 1-tuple
+            return batch.with_items([(item,) for item in batch.items])
         rows: list[tuple[Any, ...]] = []
         try:
             rows.extend(islice(zip(*self._iterators), len(batch)))
