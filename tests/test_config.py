@@ -119,8 +119,11 @@ def test_numpy_numbers_paths_and_any_case_are_taken_and_normalised(tmp_path: Pat
     assert (config.dask_timeout, config.fallback, config.cost_model, config.scheduler) == \
         (5.0, "raise", "static", "threads")
     assert config.profile_path == str(tmp_path / "profile.json")
+    flags = veda.Config.builder().gpu(np.False_).telemetry(np.True_).progress(np.bool_(1)).build()
+    assert (flags.gpu, flags.telemetry, flags.progress) == (False, True, True)
+    assert [type(value) for value in (flags.gpu, flags.telemetry, flags.progress)] == [bool] * 3
     for method, value in [("threads", np.float64(3.0)), ("threads", np.True_),
-                          ("profile_path", 7), ("fallback", 3)]:
+                          ("profile_path", 7), ("fallback", 3), ("gpu", 1), ("gpu", np.int8(1))]:
         with pytest.raises(ConfigError, match=f"^{method}: got "):
             getattr(veda.Config.builder(), method)(value)
 

@@ -256,6 +256,7 @@ def test_only_kernels_can_be_registered() -> None:
 def test_threads_per_block_takes_a_numpy_integer() -> None:
     kernel = gpu_kernel(threads_per_block=np.int64(64))(writes_both)
     assert kernel.options.threads_per_block == 64 and type(kernel.options.threads_per_block) is int
+    assert gpu_kernel(autotune=np.True_)(writes_both).options.autotune is True
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -238,6 +238,15 @@ def test_bad_options_raise_config_error_naming_the_option(options: dict[str, Any
         veda.gpu(**options)(lambda a, out: None)
 
 
+def test_numpy_bools_are_taken_for_flags() -> None:
+    wrapped = veda.gpu(idempotent=np.False_, reach=np.True_)(lambda a: a)
+    options = wrapped.gpu_options  # type: ignore[attr-defined]
+    assert (options.idempotent, options.reach) == (False, True)
+    assert type(options.idempotent) is bool and type(options.reach) is bool
+    with pytest.raises(veda.ConfigError, match=r"^idempotent: got 0; allowed: True or False$"):
+        veda.gpu(idempotent=0)
+
+
 def test_non_callable_raises_type_error() -> None:
     with pytest.raises(TypeError, match="@veda.gpu needs a callable; got 5 of type int"):
         veda.gpu(5)  # type: ignore[call-overload]

@@ -424,6 +424,7 @@ def test_collect_progress_must_be_none_or_a_bool(progress: Any) -> None:
     with pytest.raises(ConfigError, match=r"collect\(progress\): got .*; allowed: None "
                        r"\(the runtime's Config.progress\), True or False"):
         par_iter([1, 2]).collect(progress=progress)
+    assert par_iter([1, 2]).collect(progress=np.False_) == [1, 2]  # a flag from an array
 
 
 class OldStyleSequence:

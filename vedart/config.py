@@ -18,6 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+import numpy
 import psutil
 
 from vedart.errors import ConfigError
@@ -193,9 +194,20 @@ def parameter_names(field_name: str, value: Any, allowed: str) -> tuple[str, ...
 
 
 def _check_bool(value: Any) -> bool:
-    if not isinstance(value, bool):
+    """``value`` as a ``bool`` when it is one or a NumPy bool (``arr.any()``); TypeError
+    otherwise (an int is not taken for a flag)."""
+    if not isinstance(value, (bool, numpy.bool_)):
         raise TypeError("not a bool")
-    return value
+    return bool(value)
+
+
+def checked_bool(where: str, value: Any, allowed: str = "True or False") -> bool:
+    """``value`` as a ``bool`` (:func:`_check_bool`); else ConfigError naming ``where``, the
+    value and ``allowed``."""
+    try:
+        return _check_bool(value)
+    except TypeError:
+        raise ConfigError(f"{where}: got {value!r}; allowed: {allowed}") from None
 
 
 def _bool_from_env(text: str) -> bool:

@@ -37,7 +37,7 @@ from vedart import lifecycle
 from vedart._logging import logger
 from vedart.backends import Backend, CPUBackend
 from vedart.backends.dims import CUDA_LIMITS, LaunchDims, launch_dims
-from vedart.config import checked_int, parameter_names
+from vedart.config import checked_bool, checked_int, parameter_names
 from vedart.errors import (
     ConfigError,
     GPUUnavailableError,
@@ -101,9 +101,7 @@ class KernelOptions:
         if cpu is not None and not callable(cpu):
             raise ConfigError(f"cpu: got {cpu!r}; allowed: None or a function taking the "
                               f"kernel's arguments")
-        if not isinstance(autotune, bool):
-            raise ConfigError(f"autotune: got {autotune!r}; allowed: True or False")
-        return KernelOptions(threads, size_from, outputs, cpu, autotune)
+        return KernelOptions(threads, size_from, outputs, cpu, checked_bool("autotune", autotune))
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import numpy as np
 
 from vedart import lifecycle
-from vedart.config import FIELD_SPECS, checked_int, one_of, parameter_names
+from vedart.config import FIELD_SPECS, checked_bool, checked_int, one_of, parameter_names
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
 from vedart.gpu.transfer import (
     Staged,
@@ -132,12 +132,9 @@ class OffloadOptions:
             returns = one_of(returns, RETURNS)
         except ValueError:
             raise ConfigError(f"returns: got {returns!r}; allowed: 'host' or 'device'") from None
-        if not isinstance(idempotent, bool):
-            raise ConfigError(f"idempotent: got {idempotent!r}; allowed: True or False")
-        if not isinstance(reach, bool):
-            raise ConfigError(f"reach: got {reach!r}; allowed: True (helper functions and "
-                              "classes the function calls run on the device too) or False "
-                              "(its own code only)")
+        idempotent = checked_bool("idempotent", idempotent)
+        reach = checked_bool("reach", reach, "True (helper functions and classes the function "
+                             "calls run on the device too) or False (its own code only)")
         return OffloadOptions(device, threshold, check_path("force", force), fallback,
                               writes, returns, idempotent, reach)
 

@@ -32,7 +32,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from vedart.config import checked_int
+from vedart.config import checked_bool, checked_int
 from vedart.errors import ConfigError, OffloadError, OffloadWarning
 from vedart.lifecycle import get_runtime
 from vedart.offload.force import forced_path
@@ -213,9 +213,9 @@ class ParIter(Generic[T]):
         if errors not in ERROR_MODES:
             raise ConfigError(f"collect(errors): got {errors!r}; allowed: "
                               + ", ".join(repr(mode) for mode in ERROR_MODES))
-        if not (progress is None or isinstance(progress, bool)):
-            raise ConfigError(f"collect(progress): got {progress!r}; allowed: None (the "
-                              "runtime's Config.progress), True or False")
+        if progress is not None:
+            progress = checked_bool("collect(progress)", progress, "None (the runtime's "
+                                    "Config.progress), True or False")
         with self._batches(progress=progress) as batches:
             if errors == "raise":
                 return list(_items(batches))
