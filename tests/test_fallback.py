@@ -61,7 +61,7 @@ def rng_array(n: int = MB, seed: int = 7, dtype: Any = np.float64) -> np.ndarray
 
 
 def last_decision(func: Callable[..., Any]) -> tuple[str, str]:
-    stats = veda.get_runtime().telemetry.function(f"{__name__}.{func.__qualname__}")
+    stats = veda.get_runtime().telemetry.function(func.qualified_name)  # type: ignore[attr-defined]
     decision = stats.last_decision()
     assert decision is not None
     return decision
@@ -168,7 +168,8 @@ def test_a_lost_cuda_context_sends_every_later_call_to_the_cpu(
     gpu = veda.get_runtime().gpu
     assert gpu is not None and not gpu.is_available()
     expected = (f"no GPU: CUDARuntimeError: {CONTEXT_LOST} (in {__name__}."
-                f"{double.__qualname__}); the CUDA context is lost for this process: restart "
+                f"{double.__qualname__} (line {double.__wrapped__.__code__.co_firstlineno})); "
+                "the CUDA context is lost for this process: restart "
                 "it to use the GPU")
     assert double.explain(x).reason == expected
     np.testing.assert_array_equal(triple(x), x * 3)

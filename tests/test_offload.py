@@ -638,6 +638,32 @@ def test_explain_refuses_arguments_the_call_would_refuse() -> None:
             scaled.explain(*args, **kwargs)
 
 
+def a_function_whose_qualified_name_is_longer_than_the_report_column_allows_for(x):  # type: ignore[no-untyped-def]
+    return x
+
+
+def test_report_keeps_lambdas_apart_and_shortens_long_names_in_the_middle(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    veda.init(veda.Config.builder().gpu(False).build())
+    doubled = veda.gpu(lambda x: x * 2)
+    shifted = veda.gpu(lambda x: x + 1)
+    doubled(1), shifted(1), shifted(1)
+    veda.gpu(a_function_whose_qualified_name_is_longer_than_the_report_column_allows_for)(1)
+    veda.report()
+    rows = capsys.readouterr().out.splitlines()[2:]
+    lambdas = [row.split("<lambda>")[1].split()[:4] for row in rows if "<lambda>" in row]
+    first_line = doubled.__wrapped__.__code__.co_firstlineno  # type: ignore[attr-defined]
+    assert doubled.qualified_name == (  # type: ignore[attr-defined]
+        f"{__name__}.{doubled.__qualname__} (line {first_line})")
+    assert lambdas == [["(line", f"{first_line})", "1", "0"],
+                       ["(line", f"{first_line + 1})", "2", "0"]]
+    long_row = next(row.split() for row in rows if row.split()[0].endswith("allows_for"))
+    name = f"{__name__}.a_function_whose_qualified_name_is_longer_than_the_report_column_allows_for"
+    start, end = long_row[0].split("...")
+    assert len(long_row[0]) == 60 and name.startswith(start) and name.endswith(end)
+    assert len(end) > len(start) and long_row[1:3] == ["1", "0"]
+
+
 def test_report_says_no_call_yet_of_a_function_only_explained(
         capsys: pytest.CaptureFixture[str]) -> None:
     veda.init(veda.Config.builder().gpu(False).build())

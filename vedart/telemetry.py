@@ -12,6 +12,7 @@ import json
 import os
 import threading
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from vedart.units import format_bytes
 
 PATHS = ("cpu", "gpu", "fallback")
+NAME_COLUMN_MOST = 60  # report()'s name columns: longer names are shortened in the middle
 
 
 @dataclass(frozen=True, init=False)
@@ -303,7 +305,8 @@ class Telemetry:
         if not rows:
             return "no @gpu calls recorded" + ("" if self.enabled else " (telemetry is off)") \
                 + self._kernel_table()
-        header = (f"{'function':<32} {'calls':>6} {'gpu':>5} {'cpu':>5} {'fallbk':>6} "
+        width = _column_width("function", (row["function"] for row in rows))
+        header = (f"{'function':<{width}} {'calls':>6} {'gpu':>5} {'cpu':>5} {'fallbk':>6} "
                   f"{'to-dev ms':>9} {'compute ms':>10} {'to-host ms':>10} {'moved':>9} "
                   f"{'GB/s':>6}  last decision")
         lines = [header, "-" * len(header)]
@@ -315,7 +318,8 @@ class Telemetry:
             phases = [f"{mean[phase] * 1e3:.3f}" if row["gpu_calls"] else "-"
                       for phase in ("to_device", "compute", "to_host")]
             lines.append(
-                f"{row['function'][-32:]:<32} {row['calls']:>6} {row['gpu_calls']:>5} "
+                f"{_fitted(row['function'], width):<{width}} {row['calls']:>6} "
+                f"{row['gpu_calls']:>5} "
                 f"{row['cpu_calls']:>5} {row['fallback_calls']:>6} "
                 f"{phases[0]:>9} {phases[1]:>10} {phases[2]:>10} {moved:>9} {rate:>6}  "
                 + ("no call yet" if row["last_path"] is None  # explained, or set up, only
@@ -332,10 +336,13 @@ class Telemetry:
         rows = self.snapshot()["workers"]
         if not rows:
             return ""
+        workers = _column_width("worker (device)", (row["worker"] for row in rows))
+        functions = _column_width("function", (row["function"] for row in rows))
         return _appended_table(
-            f"{'worker (device)':<48} {'function':<24} {'calls':>6} {'gpu':>5} {'cpu':>5} "
-            f"{'fallbk':>6}",
-            [f"{row['worker'][-48:]:<48} {row['function'][-24:]:<24} {row['calls']:>6} "
+            f"{'worker (device)':<{workers}} {'function':<{functions}} {'calls':>6} {'gpu':>5} "
+            f"{'cpu':>5} {'fallbk':>6}",
+            [f"{_fitted(row['worker'], workers):<{workers}} "
+             f"{_fitted(row['function'], functions):<{functions}} {row['calls']:>6} "
              f"{row['gpu_calls']:>5} {row['cpu_calls']:>5} {row['fallback_calls']:>6}"
              for row in rows])
 
@@ -344,16 +351,31 @@ class Telemetry:
         rows = self.snapshot()["kernels"]
         if not rows:
             return ""
+        width = _column_width("kernel", (row["kernel"] for row in rows))
         lines = []
         for row in rows:
             mean = "-" if row["mean_kernel_seconds"] is None else \
                 f"{row['mean_kernel_seconds'] * 1e3:.3f}"
             lines.append(
-                f"{row['kernel'][-32:]:<32} {row['launches']:>8} {row['gpu_launches']:>6} "
-                f"{row['simulator_launches']:>6} {row['cpu_launches']:>6} "
-                f"{row['compile_seconds']:>9.3f} {mean:>14}")
-        return _appended_table(f"{'kernel':<32} {'launches':>8} {'gpu':>6} {'simul':>6} "
+                f"{_fitted(row['kernel'], width):<{width}} {row['launches']:>8} "
+                f"{row['gpu_launches']:>6} {row['simulator_launches']:>6} "
+                f"{row['cpu_launches']:>6} {row['compile_seconds']:>9.3f} {mean:>14}")
+        return _appended_table(f"{'kernel':<{width}} {'launches':>8} {'gpu':>6} {'simul':>6} "
                                f"{'cpu':>6} {'compile s':>9} {'mean kernel ms':>14}", lines)
+
+
+def _column_width(title: str, names: Iterable[str]) -> int:
+    """A name column's width: its longest name (or title), at most ``NAME_COLUMN_MOST``."""
+    return min(max(len(title), *(len(name) for name in names)), NAME_COLUMN_MOST)
+
+
+def _fitted(name: str, width: int) -> str:
+    """``name`` shortened to ``width`` in the middle, keeping its module's start and its own
+    end (``vedart.par...normalise_columns``)."""
+    if len(name) <= width:
+        return name
+    start = (width - 3) // 3
+    return f"{name[:start]}...{name[len(name) - (width - 3 - start):]}"
 
 
 def _appended_table(header: str, rows: list[str]) -> str:

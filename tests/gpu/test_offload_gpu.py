@@ -23,8 +23,7 @@ pytestmark = pytest.mark.gpu
 
 
 def last(func: Any) -> tuple[str, str]:
-    name = f"{func.__module__}.{func.__qualname__}"
-    decision = veda.get_runtime().telemetry.function(name).last_decision()
+    decision = veda.get_runtime().telemetry.function(func.qualified_name).last_decision()
     assert decision is not None
     return decision
 
@@ -676,8 +675,7 @@ veda.init()
 double = veda.gpu(force="gpu")(lambda x: x * 2)
 x = np.arange(100_000, dtype=np.float64)
 assert np.array_equal(double(x), x * 2)
-before = veda.get_runtime().telemetry.function(
-    f"{double.__module__}.{double.__qualname__}").last_decision()
+before = veda.get_runtime().telemetry.function(double.qualified_name).last_decision()
 writes_anywhere = cupy.RawKernel(
     'extern "C" __global__ void poke(unsigned long long address) '
     '{ ((float*)address)[threadIdx.x] = 1.0f; }', "poke")
@@ -690,7 +688,7 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     first = double(x)
     second = double(x * 3)
-name = f"{double.__module__}.{double.__qualname__}"
+name = double.qualified_name
 print(json.dumps({
     "before": before[0], "raw": raw, "available": veda.get_runtime().gpu.is_available(),
     "first": bool(np.array_equal(first, x * 2)), "second": bool(np.array_equal(second, x * 6)),

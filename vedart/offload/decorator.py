@@ -187,6 +187,15 @@ def _qualified_name(func: Callable[..., Any]) -> str:
     return f"{module}.{getattr(target, '__qualname__', type(target).__name__)}"
 
 
+def _display_name(func: Callable[..., Any], qualified_name: str) -> str:
+    """``qualified_name``, with its line for a lambda: lambdas of one scope share a qualified
+    name, and the report would count them as one function."""
+    if not qualified_name.endswith("<lambda>"):
+        return qualified_name
+    code = getattr(getattr(func, "func", func), "__code__", None)
+    return qualified_name if code is None else f"{qualified_name} (line {code.co_firstlineno})"
+
+
 class _Offload:
     """The per-function state behind a @gpu wrapper."""
 
@@ -194,8 +203,9 @@ class _Offload:
         self.func = func
         self.options = options
         self._returns_host = options.returns == "host"
-        self.name = _qualified_name(func)
-        self.key = function_key(func, self.name)
+        qualified_name = _qualified_name(func)
+        self.name = _display_name(func, qualified_name)
+        self.key = function_key(func, qualified_name)  # kept when the code only moves
         self._gpu_warm = False
         self._floor_revision = -1  # the model revision plan.cutoff was derived at
         self.plan = _Plan(runtime=_NEVER_CURRENT)
@@ -809,6 +819,7 @@ def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., An
     gpu_wrapper.explain = explain  # type: ignore[attr-defined]
     gpu_wrapper.plan_call = plan_call  # type: ignore[attr-defined]
     gpu_wrapper.gpu_options = options  # type: ignore[attr-defined]
+    gpu_wrapper.qualified_name = offload.name  # type: ignore[attr-defined]
     return gpu_wrapper
 
 
@@ -844,7 +855,9 @@ def gpu(func: Callable[..., Any] | None = None, /, *, device: int | None = None,
 
     The wrapper keeps the function's name, docstring, signature and ``__wrapped__``; binds as a
     method; is safe to call from many threads; pickles by reference; and has
-    ``explain(*args, **kwargs)`` returning the Decision a call would get.
+    ``explain(*args, **kwargs)`` returning the Decision a call would get, and
+    ``qualified_name``, the name reasons, warnings and the report give it (module and
+    qualified name; a lambda's with its line).
     """
     options = OffloadOptions.validated(device, threshold, force, fallback, writes, returns,
                                        idempotent, reach)
