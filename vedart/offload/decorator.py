@@ -324,7 +324,11 @@ class _Offload:
         except (TypeError, ValueError):  # a callable without one: the call itself will tell
             signature = None
         if signature is not None:
-            signature.bind_partial(*args, **kwargs)
+            try:
+                signature.bind_partial(*args, **kwargs)
+            except TypeError as error:  # named as the call's own TypeError names it
+                name = getattr(self.func, "__name__", type(self.func).__name__)
+                raise TypeError(f"{name}(): {error}") from None
         plan = self.current_plan()
         decision = self.decide(plan, scan(args, kwargs, plan.device_type,
                                           self.positional_names), args, kwargs, peek=True)
