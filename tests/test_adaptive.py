@@ -679,6 +679,33 @@ def test_cpu_calls_chosen_by_the_model_are_learned(tmp_path: Path) -> None:
     assert all(seconds > 0 and nbytes == x.nbytes for seconds, nbytes in samples["cpu"])
 
 
+def test_the_first_gpu_run_wakes_the_gpu_path_so_the_next_gpu_call_is_learned(
+        tmp_path: Path) -> None:
+    config = veda.Config.builder().cost_model("adaptive").profile_path(
+        str(tmp_path / "p.json")).build()
+    runtime = veda.init(config, device_probe=FakeProbe())
+    model = runtime.cost_model
+    assert model is not None
+
+    @veda.gpu
+    def slow_total(x: np.ndarray) -> float:
+        time.sleep(0.02)  # heavy on the CPU: the GPU is worth trying
+        return float(x.sum())
+
+    x = np.ones(10**5)  # 800 KB: the first call runs on the CPU
+    key = function_key(slow_total.__wrapped__, f"{__name__}.{slow_total.__qualname__}")
+    gpu_samples = []
+    with pytest.warns(veda.OffloadWarning):  # gpu tries fail for real here (no driver)
+        for _ in range(3):
+            slow_total(x)
+            gpu_samples.append(len(model._samples(key, signature_of([x]),
+                                                  size_bucket(x.nbytes))["gpu"]))
+    # The CPU call, the function's first GPU run (warm-up, which also wakes the GPU path
+    # after the CPU call), then a GPU call learned from.
+    assert gpu_samples == [0, 0, 1]
+    assert runtime.telemetry.function(slow_total.qualified_name).as_dict()["fallback_calls"] == 2
+
+
 def test_cpu_ceiling_covers_sizes_settled_on_the_cpu_from_the_smallest_up() -> None:
     model = AdaptiveModel()
     assert model.cpu_ceiling("f") == 0

@@ -564,6 +564,13 @@ class AdaptiveModel:
         return path, (f"adaptive: gpu {_ms(predicted['gpu'])} vs cpu {_ms(predicted['cpu'])} "
                       f"{where} ({count} samples{origin})"), True, known
 
+    def woke(self, key: str, signature: str, nbytes: int, path: str) -> None:
+        """Note a call of ``path`` that is not learned from (a function's first GPU run): it
+        woke its path, so the next call there is learned (not taken for the first after a
+        switch)."""
+        with self._lock:
+            self._bucket((key, signature, size_bucket(nbytes))).last_path = path
+
     def observe(self, key: str, signature: str, nbytes: int, path: str, seconds: float) -> None:
         """Record one end-to-end time of ``path`` (not the first after a call on the other
         path: see the module docstring); writes the profile at most every

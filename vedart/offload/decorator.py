@@ -399,11 +399,14 @@ class _Offload:
         and not learned from."""
         if runtime.cost_model is None or not decision.learned:
             return
-        if decision.path == "gpu" and not self._gpu_warm:
+        if decision.path == "gpu" and (
+                not self._gpu_warm
+                # a large array may have gone direct, at a third of the loop's speed
+                or staging_loop_loading(facts.host_bytes, within_s=seconds)):
             self._gpu_warm = True
+            # It woke the GPU path all the same: the next GPU call is learned from.
+            runtime.cost_model.woke(self.key, facts.signature, facts.host_bytes, "gpu")
             return
-        if decision.path == "gpu" and staging_loop_loading(facts.host_bytes, within_s=seconds):
-            return  # a large array may have gone direct, at a third of the loop's speed
         runtime.cost_model.observe(self.key, facts.signature, facts.host_bytes,
                                    decision.path, seconds)
         if runtime.cost_model.revision != self._floor_revision:
