@@ -521,6 +521,9 @@ def test_recent_records_are_bounded() -> None:
         telemetry.record(CallRecord("f", "cpu", f"r{index}"))
     assert [r.reason for r in telemetry.recent()] == ["r7", "r8", "r9", "r10", "r11"]
     assert telemetry.snapshot()["functions"][0]["cpu_calls"] == 12
+    # No GPU call, no GPU phases: None, as the report's "-" (not a mean of 0 s).
+    assert telemetry.snapshot()["functions"][0]["mean_seconds_gpu"] == \
+        {"to_device": None, "compute": None, "to_host": None}
 
 
 def test_reinit_between_calls_uses_the_new_runtime() -> None:

@@ -145,10 +145,11 @@ class FunctionStats:
         totals = self.totals()
         calls, bytes_moved, seconds, last = (totals["calls"], totals["bytes"],
                                              totals["seconds"], totals["last"])
-        gpu_calls = max(calls["gpu"], 1)
         moved_seconds = seconds["to_device"] + seconds["to_host"]
         moved_bytes = bytes_moved["to_device"] + bytes_moved["to_host"]
-        mean = {phase: total / gpu_calls for phase, total in seconds.items()}
+        # None without a GPU call: CPU calls are not split into phases.
+        mean = {phase: total / calls["gpu"] if calls["gpu"] else None
+                for phase, total in seconds.items()}
         return {
             "function": self.name,
             "calls": sum(calls.values()),
@@ -315,7 +316,7 @@ class Telemetry:
             moved = format_bytes(row["bytes_to_device"] + row["bytes_to_host"])
             gbps = row["transfer_gb_per_s"]
             rate = "-" if gbps is None else f"{gbps:.1f}"
-            phases = [f"{mean[phase] * 1e3:.3f}" if row["gpu_calls"] else "-"
+            phases = ["-" if mean[phase] is None else f"{mean[phase] * 1e3:.3f}"
                       for phase in ("to_device", "compute", "to_host")]
             lines.append(
                 f"{_fitted(row['function'], width):<{width}} {row['calls']:>6} "
