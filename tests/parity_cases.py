@@ -321,7 +321,16 @@ def known_difference(case: Case) -> str | None:
         return "a complex division by zero is nan+nanj on the GPU (NumPy: inf or nan by parts)"
     if case.name in _NO_IDENTITY_METHODS and first.size == 0:
         return "a CuPy method reducing an empty axis gives an empty array (NumPy: ValueError)"
+    if case.name == "prod" and first.dtype.kind == "c" and _may_overflow(first):
+        return "an overflowing complex product has nan parts on the GPU (NumPy: finite ones)"
     return None
+
+
+def _may_overflow(array: np.ndarray) -> bool:
+    """Whether a product of some of ``array``'s complex values may leave its dtype's range:
+    the product of their magnitudes, those under 1 taken as 1, bounds every such product."""
+    bound = np.prod(np.maximum(np.abs(array.astype(np.complex128)), 1.0))
+    return bool(bound > np.finfo(array.real.dtype).max / 4)  # a part's products add two terms
 
 
 # --- running and comparing --------------------------------------------------------------------

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.gpu
 
 
 def last(func: Any) -> tuple[str, str]:
-    decision = veda.get_runtime().telemetry.function(func.qualified_name).last_decision()
+    """The last decision of ``func``: a @gpu wrapper, or a function a test wrapped in turn."""
+    name = getattr(func, "qualified_name", f"{func.__module__}.{func.__qualname__}")
+    decision = veda.get_runtime().telemetry.function(name).last_decision()
     assert decision is not None
     return decision
 
