@@ -514,11 +514,21 @@ def test_arrays_numpy_pickles_in_band_come_back_with_their_byte_order(client: An
         np.testing.assert_array_equal(fortran, np.arange(2 * n).reshape(2, n).astype("m8[s]").T)
 
 
-def test_a_malformed_address_is_named() -> None:
-    config = veda.Config.builder().scheduler("dask").dask_address("not an address").build()
-    with pytest.raises(veda.ConfigError, match=r"^dask_address: got 'not an address'; allowed: "
-                                               r"a Dask scheduler address such as "):
+@pytest.mark.parametrize(("address", "problem"), [
+    ("not an address", "missing port number in address 'not an address'"),
+    ("localhost", "missing port number in address 'localhost'"),
+    ("foo://bar", "unknown address scheme 'foo'")])
+def test_a_malformed_address_is_named_before_a_client_is_made(
+        monkeypatch: pytest.MonkeyPatch, address: str, problem: str) -> None:
+    made = []
+    monkeypatch.setattr(distributed, "Client", lambda *args, **kwargs: made.append(args))
+    config = veda.Config.builder().scheduler("dask").dask_address(address).build()
+    with pytest.raises(veda.ConfigError) as error:
         veda.init(config)
+    assert str(error.value).startswith(
+        f"dask_address: got {address!r}; allowed: a Dask scheduler address such as "
+        f"'tcp://host:8786' ({problem}")
+    assert made == []  # a half-made Client waits out its timeouts when the process exits
 
 
 def test_a_closed_client_is_refused_at_init_and_fails_a_later_pipeline(cluster: Any) -> None:

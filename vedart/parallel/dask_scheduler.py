@@ -60,6 +60,7 @@ DASK_TASK_SECONDS = 0.1
 DASK_WINDOW_PER_THREAD = 4  # one running, the rest queued on the worker while results travel
 POLL_S = 0.5                # how often a wait checks that the scheduler still answers
 EXTRAS = {"distributed": "dask", "dask_cuda": "dask-cuda"}
+_HOST_PORT_SCHEMES = ("tcp", "tls", "ws", "wss")  # the rest (inproc, ucx) name no port
 
 
 def require(module: str) -> Any:
@@ -115,6 +116,24 @@ _rings_lock = threading.Lock()
 renew_in_child(sys.modules[__name__], "_rings_lock")
 
 
+def _address_problem(address: str) -> str | None:
+    """What is wrong with ``address`` as distributed reads it (an unknown scheme, no port),
+    or None. Checked before a Client is made: a Client that fails to parse it is left half
+    made, and waits twice ``dask_timeout`` to close when the process exits."""
+    from distributed.comm import get_address_host_port, normalize_address, parse_address
+    from distributed.comm.registry import get_backend
+
+    try:
+        normalized = normalize_address(address)
+        scheme, _ = parse_address(normalized)
+        get_backend(scheme)
+        if scheme in _HOST_PORT_SCHEMES:
+            get_address_host_port(normalized)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 class DaskCluster:
     """The runtime's Dask client, the cluster it started (None when it uses the caller's
     client or an address), and the worker plugin that gives each worker its runtime."""
@@ -168,17 +187,21 @@ class DaskCluster:
                 raise ConfigError(f"dask_client: got a distributed.Client whose status is "
                                   f"{client.status!r}; allowed: a running Client")
         elif config.dask_address is not None:
-            try:
-                client = distributed.Client(config.dask_address, timeout=config.dask_timeout,
-                                            set_as_default=False)
-            except OSError as error:  # TimeoutError included
-                raise SchedulerUnavailableError(
-                    f"dask_address: the Dask scheduler at {config.dask_address!r} did not "
-                    f"answer within dask_timeout={config.dask_timeout:g} s ({error})") from error
-            except ValueError as error:  # distributed cannot parse it
+            problem = _address_problem(config.dask_address)
+            if problem is None:
+                try:
+                    client = distributed.Client(config.dask_address, set_as_default=False,
+                                                timeout=config.dask_timeout)
+                except OSError as error:  # TimeoutError included
+                    raise SchedulerUnavailableError(
+                        f"dask_address: the Dask scheduler at {config.dask_address!r} did not "
+                        f"answer within dask_timeout={config.dask_timeout:g} s ({error})"
+                    ) from error
+                except ValueError as error:  # distributed cannot parse it after all
+                    problem = str(error)
+            if problem is not None:
                 raise ConfigError(f"dask_address: got {config.dask_address!r}; allowed: a Dask "
-                                  f"scheduler address such as 'tcp://host:8786' ({error})"
-                                  ) from error
+                                  f"scheduler address such as 'tcp://host:8786' ({problem})")
         else:
             cluster = embedded_cluster(config, gpus)
             try:
