@@ -92,6 +92,12 @@ def half_second_identity(x: int) -> int:
     return x
 
 
+def short_identity(x: int) -> int:
+    """Quicker than a result wait's poll (POLL_S)."""
+    time.sleep(0.02)
+    return x
+
+
 class TwoArgumentError(Exception):
     """Pickles (as its one message) but does not load back: ``__init__`` wants two."""
 

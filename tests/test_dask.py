@@ -38,6 +38,7 @@ from dask_functions import (
     same_array,
     same_unless_none,
     scaled_column_sums,
+    short_identity,
     slow_identity,
     slow_total,
     square,
@@ -631,10 +632,12 @@ def test_a_workers_config_keeps_the_clients_settings_and_drops_what_is_the_clien
     assert worker_config(client_side, 1, own_gpu=True).devices == (0,)  # dask-cuda: its own
 
 
-@pytest.mark.parametrize("stop", ["shutdown", "close the client"])
+@pytest.mark.parametrize(("stop", "task", "items"), [
+    ("shutdown", half_second_identity, 8), ("close the client", half_second_identity, 8),
+    ("shutdown", short_identity, 400)])  # tasks quicker than a result wait's poll
 @pytest.mark.parametrize("errors", ["skip", "raise"])
 def test_a_pipeline_on_a_callers_client_stopped_midway_raises_and_loses_nothing_silently(
-        cluster: Any, stop: str, errors: str) -> None:
+        cluster: Any, stop: str, task: Callable[[int], int], items: int, errors: str) -> None:
     with distributed.Client(cluster, set_as_default=False) as own:
         on_dask(own)
         stopper = threading.Timer(0.3, veda.shutdown if stop == "shutdown" else own.close)
@@ -643,8 +646,7 @@ def test_a_pipeline_on_a_callers_client_stopped_midway_raises_and_loses_nothing_
             with pytest.raises(veda.ParIterError, match="par_iter cancelled: the "
                                + ("runtime's scheduler was shut down" if stop == "shutdown"
                                   else "Dask scheduler at tcp://.* went away")):
-                veda.par_iter(range(8), chunk_size=1).map(half_second_identity).collect(
-                    errors=errors)
+                veda.par_iter(range(items), chunk_size=1).map(task).collect(errors=errors)
         finally:
             stopper.join()
 

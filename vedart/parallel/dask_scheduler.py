@@ -243,6 +243,7 @@ class DaskCluster:
         that failed raises its exception."""
         silent_since: float | None = None
         while True:
+            self.check_open()  # tasks shorter than a poll would not see a shutdown otherwise
             try:
                 return future.result(timeout=POLL_S)
             except TimeoutError:
@@ -262,6 +263,12 @@ class DaskCluster:
             silent_since = now if silent_since is None else silent_since
             if now - silent_since >= self._timeout:
                 raise self.gone(f"it has not answered for {now - silent_since:.1f} s")
+
+    def check_open(self) -> None:
+        """ParIterError once the runtime has closed this cluster (``veda.shutdown()`` or
+        ``veda.init()``), whose client may stay open: no more work is sent or waited for."""
+        if self._closed:
+            raise shut_down_error()
 
     def gone(self, what: str) -> ParIterError:
         """The error of a pipeline whose scheduler stopped answering (``what`` says how), or
@@ -371,6 +378,7 @@ class DaskReader(WindowedReader[_Submitted]):
         self._forced = forced_path.get()
 
     def _fill(self) -> None:
+        self._cluster.check_open()
         if self._tasks and self._window - len(self._tasks) < self._refill_at:
             return
         # Until a task has measured the items, one single-item task per worker thread: a whole
