@@ -297,6 +297,11 @@ def test_split_threads(threads: int, parts: int, factors: tuple[int, ...]) -> No
     ((100, 37), 256, (7, 3, 1), (16, 16, 1)),
     ((4000, 3000), 512, (250, 94, 1), (16, 32, 1)),
     ((10, 20, 30), 1024, (2, 3, 2), (8, 8, 16)),
+    # Past 65535 blocks along y or z: the block leans that way, launching the fewest threads.
+    ((2, 1_100_000), 256, (2, 4297, 1), (1, 256, 1)),
+    ((3, 2, 4_000_000), 256, (2, 1, 62500), (2, 2, 64)),
+    ((20_000_000, 2), 256, (1250000, 1, 1), (16, 16, 1)),  # x takes 2**31 - 1 blocks
+    ((3, 2, 5_000_000), 256, (1, 1, 625000), (4, 8, 8)),  # no split fits: the device refuses
 ])
 def test_auto_dims(shape: tuple[int, ...], threads: int, grid: tuple[int, ...],
                    block: tuple[int, ...]) -> None:

@@ -5,7 +5,9 @@ with ``cuda.grid(ndim)`` covers every element: block ``(bx, by, bz)`` with ``bx 
 threads_per_block``, as square as ``threads_per_block``'s divisors allow (256 -> 16 x 16,
 512 -> 16 x 32, 1024 -> 8 x 8 x 16), and ``grid[d] = ceil(shape[d] / block[d])``. Dimension
 ``d`` of the array maps to ``cuda.grid``'s component ``d`` (x, y, z), as in ``i, j =
-cuda.grid(2); out[i, j]``.
+cuda.grid(2); out[i, j]``. Where that grid would pass CUDA's limit along y or z (65535 blocks),
+the block gives more of its threads to that dimension (a (2, 1_100_000) array: block 1 x 256
+rather than 16 x 16), the fewest threads launched among the splits that fit.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 
-from vedart.backends.dims import LaunchDims
+from vedart.backends.dims import CUDA_LIMITS, LaunchDims
 
 MAX_AUTO_DIMENSIONS = 3
 
@@ -38,6 +40,29 @@ def auto_dims(shape: tuple[int, ...], threads_per_block: int) -> LaunchDims:
     zero extent; a 0-d array counts as one element) with ``threads_per_block`` threads a block."""
     extents = shape or (1,)
     block = split_threads(threads_per_block, len(extents))
-    grid = tuple(-(-extent // size) for extent, size in zip(extents, block))
+    if not _fits(extents, block):
+        fitting = [split for split in _splits(threads_per_block, len(extents))
+                   if _fits(extents, split)]
+        if fitting:  # else the square split, which the device's check refuses by name
+            block = min(fitting, key=lambda split: math.prod(_grid(extents, split)))
     pad = (1,) * (3 - len(extents))
-    return LaunchDims(grid=(grid + pad)[:3], block=(block + pad)[:3])  # type: ignore[arg-type]
+    return LaunchDims(grid=(_grid(extents, block) + pad)[:3],  # type: ignore[arg-type]
+                      block=(block + pad)[:3])
+
+
+def _grid(extents: tuple[int, ...], block: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(-(-extent // size) for extent, size in zip(extents, block))
+
+
+def _fits(extents: tuple[int, ...], block: tuple[int, ...]) -> bool:
+    """Whether ``block`` and its grid over ``extents`` are within CUDA's limits."""
+    return all(size <= most for size, most in zip(block, CUDA_LIMITS.max_block)) and all(
+        blocks <= most for blocks, most in zip(_grid(extents, block), CUDA_LIMITS.max_grid))
+
+
+def _splits(threads: int, parts: int) -> list[tuple[int, ...]]:
+    """Every way of writing ``threads`` as ``parts`` ordered factors."""
+    if parts == 1:
+        return [(threads,)]
+    return [(factor, *rest) for factor in range(1, threads + 1) if threads % factor == 0
+            for rest in _splits(threads // factor, parts - 1)]
