@@ -709,6 +709,17 @@ def test_plain_progress_counts_items_on_stderr(capsys: pytest.CaptureFixture[str
     assert capsys.readouterr().err.endswith("\rpar_iter: 50/50 items\n")
 
 
+def test_progress_counts_the_items_that_reached_the_terminal(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # "not installed"
+    pipeline = par_iter(range(3000)).map(lambda x: 1 / (x - 2000))
+    with pytest.raises(ParIterError, match="item 2000 failed"):
+        pipeline.collect(progress=True)
+    assert capsys.readouterr().err.endswith("\rpar_iter: 2000/3000 items\n")
+    assert len(pipeline.collect(errors="skip", progress=True)) == 2999
+    assert capsys.readouterr().err.endswith("\rpar_iter: 3000/3000 items\n")
+
+
 def test_plain_progress_without_known_total() -> None:
     stream = io.StringIO()
     display = PlainProgress(None, stream)

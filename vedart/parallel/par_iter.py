@@ -216,7 +216,7 @@ class ParIter(Generic[T]):
         if progress is not None:
             progress = checked_bool("collect(progress)", progress, "None (the runtime's "
                                     "Config.progress), True or False")
-        with self._batches(progress=progress) as batches:
+        with self._batches(progress=progress, past_failures=errors != "raise") as batches:
             if errors == "raise":
                 return list(_items(batches))
             results: list[Any] = []
@@ -332,8 +332,11 @@ class ParIter(Generic[T]):
             return builtin(_items(batches))
 
     @contextmanager
-    def _batches(self, terminal: Step | None = None,
-                 progress: bool | None = None) -> Iterator[Iterator[Batch]]:
+    def _batches(self, terminal: Step | None = None, progress: bool | None = None,
+                 past_failures: bool = False) -> Iterator[Iterator[Batch]]:
+        """The pipeline's batches, shown on a progress bar (``progress``; None:
+        ``Config.progress``) as they reach the terminal: up to the first failed item, unless
+        the terminal goes ``past_failures`` (``collect(errors="skip" | "return")``)."""
         runtime = get_runtime()
         reader = self._build(runtime, terminal)
         shown = runtime.config.progress if progress is None else progress
@@ -343,7 +346,7 @@ class ParIter(Generic[T]):
             reader.close()
             raise
         try:
-            yield _displayed(reader, display)
+            yield _displayed(reader, display, past_failures)
         finally:
             reader.close()
             display.close()
@@ -459,9 +462,11 @@ class _Keyed:
         return self.key(item), item
 
 
-def _displayed(reader: Reader, display: Progress) -> Iterator[Batch]:
+def _displayed(reader: Reader, display: Progress, past_failures: bool) -> Iterator[Batch]:
     while (batch := reader.read()) is not None:
-        display.update(len(batch))
+        # A terminal that stops at a failure never takes the items after it.
+        display.update(len(batch) if past_failures or not batch.failures
+                       else min(batch.failures))
         yield batch
 
 
