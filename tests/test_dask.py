@@ -408,6 +408,27 @@ def test_a_callers_local_cluster_shares_memory_one_by_address_does_not(
     assert (shipped == []) is by_address, shipped
 
 
+def test_a_chain_holding_much_data_goes_to_the_cluster_once(
+        client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    on_dask(client)
+    sent: list[list[Any]] = []
+    real_map = type(client).map
+
+    def spying_map(self: Any, function: Any, steps: list[Any], *rest: Any, **kwargs: Any) -> Any:
+        sent.append(steps)
+        return real_map(self, function, steps, *rest, **kwargs)
+
+    monkeypatch.setattr(type(client), "map", spying_map)
+    table = np.random.default_rng(4).random(300_000)  # 2.4 MB in the closure
+    doubled = veda.par_iter(range(12), chunk_size=1).map(lambda i: float(table[i] * 2)).collect()
+    assert doubled == [float(value * 2) for value in table[:12]]
+    chains = [chain for steps in sent for chain in steps]
+    assert chains and all(isinstance(chain, distributed.Future) for chain in chains)
+    assert len({chain.key for chain in chains}) == 1  # one scattered copy for every task
+    small = veda.par_iter(range(4), chunk_size=1).map(lambda i: i * 2).collect()
+    assert small == [0, 2, 4, 6] and all(isinstance(chain, bytes) for chain in sent[-1])
+
+
 def test_info_shows_the_scheduler_and_its_workers(client: Any) -> None:
     on_dask(client, gpu=False)
     info = collect_info(veda.get_runtime())

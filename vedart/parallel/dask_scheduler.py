@@ -60,6 +60,7 @@ DASK_TASK_SECONDS = 0.1
 DASK_WINDOW_PER_THREAD = 4  # one running, the rest queued on the worker while results travel
 POLL_S = 0.5                # how often a wait checks that the scheduler still answers
 EXTRAS = {"distributed": "dask", "dask_cuda": "dask-cuda"}
+SCATTERED_CHAIN_BYTES = 1 << 20  # a pickled chain this large is scattered, not sent per task
 _HOST_PORT_SCHEMES = ("tcp", "tls", "ws", "wss")  # the rest (inproc, ucx) name no port
 
 
@@ -264,6 +265,15 @@ class DaskCluster:
             if now - silent_since >= self._timeout:
                 raise self.gone(f"it has not answered for {now - silent_since:.1f} s")
 
+    def scatter(self, data: bytes) -> Any:
+        """A future of ``data``, held by the cluster for the tasks given it in its place;
+        ParIterError when the client was closed or the scheduler does not answer."""
+        self.check_open()
+        try:
+            return self.client.scatter(data, hash=False, timeout=self._timeout)
+        except Exception as error:
+            raise self.gone(f"it took no data ({type(error).__name__}: {error})") from error
+
     def check_open(self) -> None:
         """ParIterError once the runtime has closed this cluster (``veda.shutdown()`` or
         ``veda.init()``), whose client may stay open: no more work is sent or waited for."""
@@ -371,7 +381,11 @@ class DaskReader(WindowedReader[_Submitted]):
         super().__init__(upstream, DASK_WINDOW_PER_THREAD * threads)
         self._chunks = chunks
         self._refill_at = threads
-        self._steps = payload
+        # A chain that holds data (a closure over an array) goes to the cluster once, each
+        # worker fetching it for its first task: sent with every task, a 76 MB closure took
+        # 13.4 s over 40 items against 0.08 s on threads (2 workers, AMD EPYC, 2026-11-27).
+        self._steps: Any = payload if len(payload) < SCATTERED_CHAIN_BYTES else \
+            cluster.scatter(payload)
         self._stage = ", ".join(step.label for step in steps)
         self._cluster = cluster
         self._telemetry = telemetry
@@ -451,6 +465,8 @@ class DaskReader(WindowedReader[_Submitted]):
         futures = [task.future for task in submitted if task.future is not None]
         if futures and self._cluster.client.status == "running":
             self._cluster.client.cancel(futures)
+        if not isinstance(self._steps, bytes):  # the cluster may drop the scattered chain
+            self._steps.release()
         for task in submitted:
             task.release()
         super().close()
