@@ -424,7 +424,7 @@ def test_a_chain_holding_much_data_goes_to_the_cluster_once(
     assert doubled == [float(value * 2) for value in table[:12]]
     chains = [chain for steps in sent for chain in steps]
     assert chains and all(isinstance(chain, distributed.Future) for chain in chains)
-    assert len({chain.key for chain in chains}) == 1  # one scattered copy for every task
+    assert len({chain.key for chain in chains}) == 1  # one copy for every task
     small = veda.par_iter(range(4), chunk_size=1).map(lambda i: i * 2).collect()
     assert small == [0, 2, 4, 6] and all(isinstance(chain, bytes) for chain in sent[-1])
 
@@ -457,6 +457,29 @@ def test_a_callers_client_is_never_closed(client: Any) -> None:
     assert veda.par_iter([3]).map(square).collect() == [9]
     veda.shutdown()
     assert client.status == "running" and client.submit(square, 4).result() == 16
+
+
+def test_a_chain_holding_much_data_outlives_its_only_worker_and_waits_for_workers() -> None:
+    # One worker, killed mid-run: Dask runs the task holding the chain again on the worker
+    # the nanny starts. And before it starts, the pipeline waits, as its tasks do.
+    with distributed.LocalCluster(n_workers=0, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as lone, \
+            distributed.Client(lone, set_as_default=False) as own:
+        on_dask(own)
+        table = np.random.default_rng(5).random(300_000)  # 2.4 MB in the closure
+        threading.Timer(1.0, lone.scale, (1,)).start()
+        victims: list[int] = []
+
+        def source() -> Iterator[int]:
+            for value in range(30):
+                if value == 10:
+                    victims.extend(own.run(os.getpid).values())
+                    os.kill(victims[0], signal.SIGKILL)
+                yield value
+
+        doubled = veda.par_iter(source(), chunk_size=1).map(
+            lambda i: float(table[i] * 2)).collect()
+        assert doubled == [float(value * 2) for value in table[:30]] and len(victims) == 1
 
 
 def test_a_worker_killed_mid_run_still_gives_each_item_once(client: Any) -> None:

@@ -288,6 +288,11 @@ def _on_lanes(step: Step, batch: Batch, runtime: Runtime) -> Batch:
 Answer = tuple[bytes, list[np.ndarray], float, BaseException | None]
 
 
+def held(data: bytes) -> bytes:
+    """The Dask task that holds a pipeline's pickled chain for its other tasks: ``data``."""
+    return data
+
+
 def run_batch(steps: bytes, batch: Batch | SharedBatch, forced: str | None) -> Answer:
     """The Dask task: the chain ``steps`` over ``batch`` (loaded first when it came through
     shared memory) under ``veda.force(forced)``: the result batch as :func:`_packed` gives it,

@@ -25,6 +25,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from vedart.parallel.dask_payload import (
     check_batch,
     encode_steps,
     failed_batch,
+    held,
     received,
     run_batch,
     with_failures,
@@ -60,7 +62,7 @@ DASK_TASK_SECONDS = 0.1
 DASK_WINDOW_PER_THREAD = 4  # one running, the rest queued on the worker while results travel
 POLL_S = 0.5                # how often a wait checks that the scheduler still answers
 EXTRAS = {"distributed": "dask", "dask_cuda": "dask-cuda"}
-SCATTERED_CHAIN_BYTES = 1 << 20  # a pickled chain this large is scattered, not sent per task
+HELD_CHAIN_BYTES = 1 << 20  # a pickled chain this large is sent to the cluster once, not per task
 _HOST_PORT_SCHEMES = ("tcp", "tls", "ws", "wss")  # the rest (inproc, ucx) name no port
 
 
@@ -265,14 +267,22 @@ class DaskCluster:
             if now - silent_since >= self._timeout:
                 raise self.gone(f"it has not answered for {now - silent_since:.1f} s")
 
-    def scatter(self, data: bytes) -> Any:
-        """A future of ``data``, held by the cluster for the tasks given it in its place;
-        ParIterError when the client was closed or the scheduler does not answer."""
+    def hold(self, data: bytes) -> Any:
+        """A future of ``data`` for tasks to take in its place: the result of a task, which
+        Dask runs again elsewhere when the worker holding it dies, and which waits for workers
+        as any task does (scattered data was lost with its last worker, and a scatter failed
+        on a cluster without workers yet)."""
         self.check_open()
-        try:
-            return self.client.scatter(data, hash=False, timeout=self._timeout)
-        except Exception as error:
-            raise self.gone(f"it took no data ({type(error).__name__}: {error})") from error
+        with warnings.catch_warnings():
+            # Sent once on purpose: Dask's hint is against repeating large data in a graph.
+            warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+            try:
+                return self.client.submit(held, data, pure=False)
+            except Exception as error:
+                if self.client.status != "running":
+                    raise self.gone(f"the client was closed ({type(error).__name__}: "
+                                    f"{error})") from error
+                raise
 
     def check_open(self) -> None:
         """ParIterError once the runtime has closed this cluster (``veda.shutdown()`` or
@@ -384,8 +394,7 @@ class DaskReader(WindowedReader[_Submitted]):
         # A chain that holds data (a closure over an array) goes to the cluster once, each
         # worker fetching it for its first task: sent with every task, a 76 MB closure took
         # 13.4 s over 40 items against 0.08 s on threads (2 workers, AMD EPYC, 2026-11-27).
-        self._steps: Any = payload if len(payload) < SCATTERED_CHAIN_BYTES else \
-            cluster.scatter(payload)
+        self._steps: Any = payload if len(payload) < HELD_CHAIN_BYTES else cluster.hold(payload)
         self._stage = ", ".join(step.label for step in steps)
         self._cluster = cluster
         self._telemetry = telemetry
@@ -465,7 +474,7 @@ class DaskReader(WindowedReader[_Submitted]):
         futures = [task.future for task in submitted if task.future is not None]
         if futures and self._cluster.client.status == "running":
             self._cluster.client.cancel(futures)
-        if not isinstance(self._steps, bytes):  # the cluster may drop the scattered chain
+        if not isinstance(self._steps, bytes):  # the cluster may drop the chain it held
             self._steps.release()
         for task in submitted:
             task.release()
