@@ -703,7 +703,7 @@ def test_the_first_gpu_run_wakes_the_gpu_path_so_the_next_gpu_call_is_learned(
     # The CPU call, the function's first GPU run (warm-up, which also wakes the GPU path
     # after the CPU call), then a GPU call learned from.
     assert gpu_samples == [0, 0, 1]
-    assert runtime.telemetry.function(slow_total.qualified_name).as_dict()["fallback_calls"] == 2
+    assert runtime.telemetry.function(slow_total.display_name).as_dict()["fallback_calls"] == 2
 
 
 def test_cpu_ceiling_covers_sizes_settled_on_the_cpu_from_the_smallest_up() -> None:

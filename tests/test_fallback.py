@@ -61,7 +61,7 @@ def rng_array(n: int = MB, seed: int = 7, dtype: Any = np.float64) -> np.ndarray
 
 
 def last_decision(func: Callable[..., Any]) -> tuple[str, str]:
-    stats = veda.get_runtime().telemetry.function(func.qualified_name)  # type: ignore[attr-defined]
+    stats = veda.get_runtime().telemetry.function(func.display_name)  # type: ignore[attr-defined]
     decision = stats.last_decision()
     assert decision is not None
     return decision

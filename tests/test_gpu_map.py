@@ -22,7 +22,7 @@ from vedart.offload.adaptive import AdaptiveModel
 from vedart.offload.cost import Decision
 from vedart.offload.decorator import OffloadOptions
 from vedart.offload.force import preferred_device
-from vedart.parallel import gpu_map
+from vedart.parallel import device_workers, gpu_map
 from vedart.parallel.gpu_lanes import (
     REFILL_AT,
     STREAMS_PER_DEVICE,
@@ -639,4 +639,7 @@ def test_a_bound_gpu_method_keeps_its_object_in_every_path() -> None:
         np.testing.assert_array_equal(wrapper(item), expected)
         assert wrapper.gpu_options == method.gpu_options  # type: ignore[attr-defined]
         results = par_iter([item, item + 1]).gpu_map(method).collect()
-        np.testing.assert_array_equal(results[1], gpu_map.offloaded(method, None)(item + 1))
+        np.testing.assert_array_equal(results[1], expected + (expected[1] - expected[0]))
+        # As a device worker gets it: pickle rebuilds the bound method as the wrapper's.
+        loaded = device_workers._load_function(device_workers.function_payload(wrapper))
+        np.testing.assert_array_equal(loaded.plan_call(item).run(), expected)  # type: ignore

@@ -637,7 +637,8 @@ def test_explain_refuses_arguments_the_call_would_refuse() -> None:
     for args, kwargs in [((), {"y": values}), ((values, 2.0, 3.0), {}), ((values,), {"x": 1})]:
         with pytest.raises(TypeError):
             scaled(*args, **kwargs)
-        with pytest.raises(TypeError, match=r"^scaled\(\): .*argument"):
+        with pytest.raises(TypeError, match=r"^test_explain_refuses_arguments_the_call_would_"
+                                             r"refuse.<locals>.scaled\(\): .*argument"):
             scaled.explain(*args, **kwargs)
 
 
@@ -656,7 +657,7 @@ def test_report_keeps_lambdas_apart_and_shortens_long_names_in_the_middle(
     rows = capsys.readouterr().out.splitlines()[2:]
     lambdas = [row.split("<lambda>")[1].split()[:4] for row in rows if "<lambda>" in row]
     first_line = doubled.__wrapped__.__code__.co_firstlineno  # type: ignore[attr-defined]
-    assert doubled.qualified_name == (  # type: ignore[attr-defined]
+    assert doubled.display_name == (  # type: ignore[attr-defined]
         f"{__name__}.{doubled.__qualname__} (line {first_line})")
     assert lambdas == [["(line", f"{first_line})", "1", "0"],
                        ["(line", f"{first_line + 1})", "2", "0"]]

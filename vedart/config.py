@@ -228,15 +228,16 @@ def whole_number(value: Any) -> int:
 
 
 def checked_int(where: str, value: Any, minimum: int | None = None,
-                allowed: str | None = None) -> int:
-    """``value`` as an ``int`` when it is a whole number (:func:`whole_number`) of at least
-    ``minimum`` (any, when None); else ConfigError naming ``where``, the value and ``allowed``
-    (default: "an int", or "an int >= minimum")."""
+                allowed: str | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` when it is a whole number (:func:`whole_number`) from
+    ``minimum`` to ``maximum`` (either unbounded when None); else ConfigError naming
+    ``where``, the value and ``allowed`` (default: "an int", or "an int >= minimum")."""
     try:
         number: int | None = whole_number(value)
     except TypeError:
         number = None
-    if number is None or (minimum is not None and number < minimum):
+    if number is None or (minimum is not None and number < minimum) or \
+            (maximum is not None and number > maximum):
         default = "an int" if minimum is None else f"an int >= {minimum}"
         raise ConfigError(f"{where}: got {value!r}; allowed: {allowed or default}")
     return number

@@ -50,7 +50,7 @@ def column_sums_of_gram(M: np.ndarray) -> np.ndarray:
 def _where(function: Callable[..., Any]) -> str:
     """Where the last call of a @gpu function ran, and why (from the runtime's telemetry)."""
     # A @gpu wrapper's name, or a plain function's as gpu_map's own wrapper names it.
-    name = getattr(function, "qualified_name", f"{function.__module__}.{function.__qualname__}")
+    name = getattr(function, "display_name", f"{function.__module__}.{function.__qualname__}")
     stats = veda.get_runtime().telemetry.function(name).as_dict()
     paths = ", ".join(f"{path} {stats[f'{path}_calls']}" for path in ("gpu", "cpu", "fallback")
                       if stats[f"{path}_calls"])

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 
 def last(func: Any) -> tuple[str, str]:
     """The last decision of ``func``: a @gpu wrapper, or a function a test wrapped in turn."""
-    name = getattr(func, "qualified_name", f"{func.__module__}.{func.__qualname__}")
+    name = getattr(func, "display_name", f"{func.__module__}.{func.__qualname__}")
     decision = veda.get_runtime().telemetry.function(name).last_decision()
     assert decision is not None
     return decision
@@ -677,7 +677,7 @@ veda.init()
 double = veda.gpu(force="gpu")(lambda x: x * 2)
 x = np.arange(100_000, dtype=np.float64)
 assert np.array_equal(double(x), x * 2)
-before = veda.get_runtime().telemetry.function(double.qualified_name).last_decision()
+before = veda.get_runtime().telemetry.function(double.display_name).last_decision()
 writes_anywhere = cupy.RawKernel(
     'extern "C" __global__ void poke(unsigned long long address) '
     '{ ((float*)address)[threadIdx.x] = 1.0f; }', "poke")
@@ -690,7 +690,7 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     first = double(x)
     second = double(x * 3)
-name = double.qualified_name
+name = double.display_name
 print(json.dumps({
     "before": before[0], "raw": raw, "available": veda.get_runtime().gpu.is_available(),
     "first": bool(np.array_equal(first, x * 2)), "second": bool(np.array_equal(second, x * 6)),

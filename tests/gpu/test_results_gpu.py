@@ -95,7 +95,7 @@ def test_records_are_converted_and_what_is_left_is_named_once() -> None:
         first, second = opaque(x), opaque(x)
     assert isinstance(first.coef, cupy.ndarray) and isinstance(second.coef, cupy.ndarray)
     assert [str(w.message) for w in caught if w.category is veda.OffloadWarning] == [
-        f"{opaque.qualified_name}: returned device arrays vedart does not convert, "
+        f"{opaque.display_name}: returned device arrays vedart does not convert, "
         "handed back as CuPy arrays: result.coef; return them in a tuple, list, dict, dataclass or "
         "SimpleNamespace, or call veda.to_host"]
 

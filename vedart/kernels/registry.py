@@ -89,10 +89,7 @@ class KernelOptions:
                   autotune: Any) -> KernelOptions:
         most = CUDA_LIMITS.max_threads_per_block
         threads = checked_int("threads_per_block", threads_per_block, 1,
-                              f"an int from 1 to {most}")
-        if threads > most:
-            raise ConfigError(f"threads_per_block: got {threads_per_block!r}; allowed: an int "
-                              f"from 1 to {most}")
+                              f"an int from 1 to {most}", maximum=most)
         if size_from is not None and not isinstance(size_from, str):
             raise ConfigError(f"size_from: got {size_from!r}; allowed: None or a parameter name")
         if outputs is not None:

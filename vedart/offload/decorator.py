@@ -26,8 +26,9 @@ import itertools
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
@@ -189,10 +190,11 @@ def _qualified_name(func: Callable[..., Any]) -> str:
 
 def _display_name(func: Callable[..., Any], qualified_name: str) -> str:
     """``qualified_name``, with its line for a lambda: lambdas of one scope share a qualified
-    name, and the report would count them as one function."""
+    name, and the report would count them as one function (two on one line still are)."""
     if not qualified_name.endswith("<lambda>"):
         return qualified_name
-    code = getattr(getattr(func, "func", func), "__code__", None)
+    target = inspect.unwrap(func.func if isinstance(func, functools.partial) else func)
+    code = getattr(target, "__code__", None)
     return qualified_name if code is None else f"{qualified_name} (line {code.co_firstlineno})"
 
 
@@ -327,7 +329,9 @@ class _Offload:
             try:
                 signature.bind_partial(*args, **kwargs)
             except TypeError as error:  # named as the call's own TypeError names it
-                name = getattr(self.func, "__name__", type(self.func).__name__)
+                target = self.func.func if isinstance(self.func, functools.partial) \
+                    else self.func
+                name = getattr(target, "__qualname__", type(target).__qualname__)
                 raise TypeError(f"{name}(): {error}") from None
         plan = self.current_plan()
         decision = self.decide(plan, scan(args, kwargs, plan.device_type,
@@ -791,13 +795,27 @@ class PlannedCall:
             _settle(self.decision.device)
 
 
+def is_gpu_wrapper(function: Any) -> bool:
+    """Whether ``function`` is a @veda.gpu wrapper, or one bound to an object."""
+    return hasattr(function, "gpu_options") and hasattr(function, "__wrapped__")
+
+
+def rewrapped(function: Callable[..., Any], options: OffloadOptions) -> Callable[..., Any]:
+    """``function`` under @veda.gpu with ``options``. A @veda.gpu method bound to an object
+    (as pickle rebuilds a bound method) is taken as its plain function bound to the object:
+    the wrapper's own ``plan_call`` and ``__wrapped__`` would take an argument for ``self``."""
+    if isinstance(function, types.MethodType) and is_gpu_wrapper(function.__func__):
+        function = types.MethodType(function.__func__.__wrapped__, function.__self__)
+    return gpu(**asdict(options))(function)  # type: ignore[no-any-return]
+
+
 def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., Any]:
     if isinstance(func, (staticmethod, classmethod)):  # @veda.gpu above the method decorator
         return type(func)(_wrap(func.__func__, options))  # type: ignore[return-value]
     if not callable(func):
         raise TypeError(f"@veda.gpu needs a callable; got {func!r} of type {type(func).__name__}")
     name = getattr(func, "__qualname__", type(func).__qualname__)
-    if hasattr(func, "gpu_options") and hasattr(func, "__wrapped__"):
+    if is_gpu_wrapper(func):
         # Two decisions a call would each count it, and the outer's options would hide the
         # inner's (a lost writes= leaves the caller's array unwritten).
         raise TypeError(f"@veda.gpu: {name} is already a @veda.gpu function; decorate it "
@@ -826,7 +844,7 @@ def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., An
     gpu_wrapper.explain = explain  # type: ignore[attr-defined]
     gpu_wrapper.plan_call = plan_call  # type: ignore[attr-defined]
     gpu_wrapper.gpu_options = options  # type: ignore[attr-defined]
-    gpu_wrapper.qualified_name = offload.name  # type: ignore[attr-defined]
+    gpu_wrapper.display_name = offload.name  # type: ignore[attr-defined]
     return gpu_wrapper
 
 
@@ -863,7 +881,7 @@ def gpu(func: Callable[..., Any] | None = None, /, *, device: int | None = None,
     The wrapper keeps the function's name, docstring, signature and ``__wrapped__``; binds as a
     method; is safe to call from many threads; pickles by reference; and has
     ``explain(*args, **kwargs)`` returning the Decision a call would get, and
-    ``qualified_name``, the name reasons, warnings and the report give it (module and
+    ``display_name``, the name reasons, warnings and the report give it (module and
     qualified name; a lambda's with its line).
     """
     options = OffloadOptions.validated(device, threshold, force, fallback, writes, returns,

@@ -19,7 +19,6 @@ becomes that item's failure, the batch's other items unharmed.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import operator
 import pickle
@@ -35,12 +34,12 @@ import numpy as np
 from vedart.errors import ParIterError
 from vedart.lifecycle import get_runtime
 from vedart.offload.arguments import PLAIN_TYPES
-from vedart.offload.decorator import OffloadOptions, gpu
+from vedart.offload.decorator import OffloadOptions, is_gpu_wrapper, rewrapped
 from vedart.offload.force import forced_path
 from vedart.parallel.batch import Batch, ItemFailure, Reader
 from vedart.parallel.dask_shared import SharedBatch
 from vedart.parallel.elementwise import Step, fuse
-from vedart.parallel.gpu_map import GpuFunction, GpuMapReader, gpu_lanes_for, is_gpu_wrapper
+from vedart.parallel.gpu_map import GpuFunction, GpuMapReader, gpu_lanes_for
 from vedart.parallel.scheduler import ChunkPolicy
 
 if TYPE_CHECKING:
@@ -127,7 +126,7 @@ class GpuRecipe:
     options: OffloadOptions
 
     def build(self) -> Callable[..., Any]:
-        return gpu(**dataclasses.asdict(self.options))(self.function)  # type: ignore[no-any-return]
+        return rewrapped(self.function, self.options)
 
 
 def _portable(function: Callable[..., Any]) -> Any:

@@ -165,12 +165,12 @@ def _attach(name: str) -> SharedMemory:
 
 
 def _load_function(payload: bytes) -> Callable[[Any], Any]:
-    from vedart.offload.decorator import gpu
+    from vedart.offload.decorator import rewrapped
 
     loaded = pickle.loads(payload)
     if isinstance(loaded, tuple):
         function, options = loaded
-        return gpu(**dataclasses.asdict(options))(function)  # type: ignore[no-any-return]
+        return rewrapped(function, options)
     return loaded  # type: ignore[no-any-return]
 
 

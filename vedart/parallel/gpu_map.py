@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from contextvars import copy_context
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from types import MethodType
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from vedart.errors import ConfigError
 from vedart.offload.adaptive import size_bucket
 from vedart.offload.cost import Decision
-from vedart.offload.decorator import gpu
+from vedart.offload.decorator import gpu, is_gpu_wrapper, rewrapped
 from vedart.offload.force import forced_path, prefer_device
 from vedart.parallel.batch import Batch, ItemFailure, Reader
 from vedart.parallel.gpu_lanes import (
@@ -93,21 +93,14 @@ class GpuFunction(Protocol):
     def plan_call(self, *args: Any) -> LaneCall: ...
 
 
-def is_gpu_wrapper(function: Callable[..., Any]) -> bool:
-    """Whether ``function`` is already a @veda.gpu wrapper."""
-    return hasattr(function, "plan_call") and hasattr(function, "__wrapped__")
-
-
 def offloaded(function: Callable[..., Any], force: str | None) -> GpuFunction:
     """``function`` as a @gpu wrapper (wrapped with ``force=`` unless it already is one)."""
     if not is_gpu_wrapper(function):
         return cast(GpuFunction, gpu(force=force)(function))
-    if force is None and isinstance(function, MethodType) and is_gpu_wrapper(function.__func__):
-        # A @veda.gpu method bound to an object: its plan_call and __wrapped__ are the
-        # function's, which would take the item for ``self``. The same function, bound, with
-        # the same options (one wrapper per pipeline: the call's bookkeeping is by function).
-        method = MethodType(function.__func__.__wrapped__, function.__self__)
-        return cast(GpuFunction, gpu(**asdict(function.gpu_options))(method))
+    if force is None and isinstance(function, MethodType):
+        # A @veda.gpu method bound to an object: the same function, bound, with the same
+        # options (a wrapper per pipeline: the call's bookkeeping is by function).
+        return cast(GpuFunction, rewrapped(function, function.gpu_options))
     if force is not None:
         raise ConfigError(f"force: got {force!r} for {function.__name__}, which is already "
                           "@veda.gpu; allowed: None (give force= to @veda.gpu, or use a "
