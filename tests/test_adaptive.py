@@ -616,10 +616,18 @@ def test_concurrent_updates_keep_a_bounded_consistent_history(tmp_path: Path) ->
     assert all(len(s["cpu"]) <= 8 and len(s["gpu"]) <= 8 for s in stored.values())
 
 
-def test_runtime_uses_the_adaptive_model_above_its_floor(tmp_path: Path) -> None:
+def adaptive_on_a_fake_gpu(tmp_path: Path) -> veda.Runtime:
+    """A runtime with the adaptive model, learning into a profile under ``tmp_path``, on a fake
+    GPU (whose calls fail: there is no driver)."""
     config = veda.Config.builder().cost_model("adaptive").profile_path(
         str(tmp_path / "p.json")).build()
     runtime = veda.init(config, device_probe=FakeProbe())
+    assert runtime.cost_model is not None
+    return runtime
+
+
+def test_runtime_uses_the_adaptive_model_above_its_floor(tmp_path: Path) -> None:
+    runtime = adaptive_on_a_fake_gpu(tmp_path)
     assert runtime.cost_model is not None
     f = veda.gpu(lambda x: x)
     below = f.explain(np.ones(ADAPTIVE_FLOOR // 8 - 1))
@@ -653,9 +661,7 @@ def test_explicit_threshold_is_kept_under_the_adaptive_model(tmp_path: Path) -> 
 
 
 def test_cpu_calls_chosen_by_the_model_are_learned(tmp_path: Path) -> None:
-    config = veda.Config.builder().cost_model("adaptive").profile_path(
-        str(tmp_path / "p.json")).build()
-    runtime = veda.init(config, device_probe=FakeProbe())
+    runtime = adaptive_on_a_fake_gpu(tmp_path)
     model = runtime.cost_model
     assert model is not None
 
@@ -681,9 +687,7 @@ def test_cpu_calls_chosen_by_the_model_are_learned(tmp_path: Path) -> None:
 
 def test_the_first_gpu_run_wakes_the_gpu_path_so_the_next_gpu_call_is_learned(
         tmp_path: Path) -> None:
-    config = veda.Config.builder().cost_model("adaptive").profile_path(
-        str(tmp_path / "p.json")).build()
-    runtime = veda.init(config, device_probe=FakeProbe())
+    runtime = adaptive_on_a_fake_gpu(tmp_path)
     model = runtime.cost_model
     assert model is not None
 
@@ -763,9 +767,7 @@ def test_a_new_time_moves_the_revision_while_a_size_is_predicted_by_fits() -> No
 
 
 def test_settled_cpu_sizes_take_the_fast_path_with_an_adaptive_reason(tmp_path: Path) -> None:
-    config = veda.Config.builder().cost_model("adaptive").profile_path(
-        str(tmp_path / "p.json")).build()
-    runtime = veda.init(config, device_probe=FakeProbe())
+    runtime = adaptive_on_a_fake_gpu(tmp_path)
 
     @veda.gpu
     def total(x: np.ndarray) -> float:
