@@ -470,7 +470,7 @@ after = np.empty_like(x)
 double(x, after)  # launched on the GPU before: now where a missing GPU sends it
 offloaded = veda.gpu(force="gpu")(lambda a: a * 2)
 result = offloaded(x)
-name = offloaded.qualified_name
+name = offloaded.display_name
 kernels = {row["kernel"]: row for row in runtime.telemetry.snapshot()["kernels"]}
 print(json.dumps({
     "raised": raised, "unavailable": runtime.gpu.unavailable_reason,
