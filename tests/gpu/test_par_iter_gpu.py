@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -191,6 +192,35 @@ def test_two_gpus_both_take_items(gpu_runtime: veda.Runtime) -> None:
     assert_same(par_iter(mats).gpu_map(process).collect(), [process(M) for M in mats])
     assert set(placements(in_process)) == {("gpu", 0), ("gpu", 1)}
     assert "processes" not in in_process.scheduler._lanes
+
+
+class Scaled:
+    """A @veda.gpu method, for gpu_map to take bound to an object."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    @veda.gpu
+    def column_sums(self, M: np.ndarray) -> np.ndarray:
+        return process(M) * self.factor
+
+
+def test_two_gpus_take_a_bound_gpu_method_with_its_object(gpu_runtime: veda.Runtime) -> None:
+    # A device worker gets the bound method pickled, which loads as the class's @gpu wrapper
+    # bound to the object again: it must run the function on the object, not wrap it twice.
+    if len(gpu_runtime.gpu.devices) < 2:
+        pytest.skip(f"needs 2 GPUs; this machine has {len(gpu_runtime.gpu.devices)}")
+    runtime = veda.init(veda.Config.builder().devices([0, 1]).cost_model("static").build())
+    mats = matrices(32, seed=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sums = par_iter(mats).gpu_map(Scaled(3.0).column_sums).collect()
+    # A worker that cannot load the function says so and leaves the items to this process.
+    assert [str(w.message) for w in caught if w.category is veda.OffloadWarning] == []
+    assert_same(sums, [process(M) * np.float32(3.0) for M in mats])
+    assert set(placements(runtime)) == {("gpu", 0), ("gpu", 1)}
+    workers = runtime.scheduler.lanes("processes", lambda: None)
+    assert workers.unavailable is None and [w.ordinal for w in workers.workers] == [0, 1]
 
 
 def sum_and_device(x: Any) -> tuple[Any, int]:
