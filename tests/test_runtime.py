@@ -51,7 +51,13 @@ def test_shutdown_closes_and_next_get_runtime_builds_a_fresh_one() -> None:
 
 def test_gpu_false_gives_no_gpu_context() -> None:
     runtime = veda.init(veda.Config.builder().gpu(False).build())
-    assert runtime.gpu is None
+    assert runtime.gpu is None and runtime.gpu_unavailable_reason == "GPU disabled by config"
+
+
+def test_gpu_unavailable_reason_says_why_or_none() -> None:
+    assert veda.init(device_probe=FakeProbe(reason="cupy is not installed")
+                     ).gpu_unavailable_reason == "cupy is not installed"
+    assert veda.init(device_probe=FakeProbe()).gpu_unavailable_reason is None
 
 
 def test_concurrent_get_runtime_creates_exactly_one() -> None:

@@ -52,8 +52,8 @@ def collect_info(runtime: Runtime) -> dict[str, Any]:
     values = config.as_dict()
     gpu = runtime.gpu
     if gpu is None:
-        gpu_info: dict[str, Any] = {"available": False, "reason": "GPU disabled by config",
-                                    "devices": []}
+        gpu_info: dict[str, Any] = {"available": False,
+                                    "reason": runtime.gpu_unavailable_reason, "devices": []}
     else:
         gpu_info = {
             "available": gpu.is_available(),

@@ -80,8 +80,7 @@ def run(out: Callable[[str], None] = print, seed: int | None = None) -> bool:
     if gpu:
         out("GPU: " + ", ".join(f"{device.ordinal}: {device.name}" for device in gpu.devices))
     else:
-        out("GPU: none usable: " + ("GPU disabled by config" if gpu is None
-                                    else str(gpu.unavailable_reason)))
+        out(f"GPU: none usable: {runtime.gpu_unavailable_reason}")
     model = runtime.cost_model
     out(f"cost model: {runtime.config.cost_model}"
         + ("" if model is None or model.profile_path is None

@@ -13,7 +13,7 @@ from vedart import lifecycle
 from vedart._logging import apply_log_level, logger
 from vedart.backends.cuda import CUDABackend
 from vedart.config import Config
-from vedart.gpu.context import GPUContext
+from vedart.gpu.context import DISABLED_BY_CONFIG, GPUContext
 from vedart.gpu.devices import DeviceProbe
 from vedart.kernels.registry import KERNELS, KernelRegistry
 from vedart.offload.adaptive import CALIBRATION_FIELDS, AdaptiveModel
@@ -77,6 +77,14 @@ class Runtime:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def gpu_unavailable_reason(self) -> str | None:
+        """Why no GPU is usable ("GPU disabled by config", "CUDA driver not found", ...), or
+        None when one is: ``runtime.gpu`` is None when the config disables the GPU."""
+        if self.gpu is None:
+            return DISABLED_BY_CONFIG
+        return self.gpu.unavailable_reason
 
     @property
     def scheduler(self) -> Scheduler:

@@ -65,8 +65,7 @@ def run(quick: bool) -> dict[str, Any]:
                               "threads_per_block": THREADS_PER_BLOCK, "calls_per_sample": calls,
                               "samples": repeats}
     if not runtime.gpu or cuda is None:
-        reason = "numba is not installed" if cuda is None else (
-            "GPU disabled by config" if runtime.gpu is None else runtime.gpu.unavailable_reason)
+        reason = "numba is not installed" if cuda is None else runtime.gpu_unavailable_reason
         result.update(device_name=None, note=f"no GPU ({reason}): n/a")
         veda.shutdown()
         return result

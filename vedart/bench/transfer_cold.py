@@ -66,9 +66,7 @@ def measure(side: str) -> dict[str, Any]:
     if side == "vedart":
         runtime = veda.init()
         if not runtime.gpu:
-            reason = "GPU disabled by config" if runtime.gpu is None else \
-                runtime.gpu.unavailable_reason
-            return {"error": f"no GPU: {reason}"}
+            return {"error": f"no GPU: {runtime.gpu_unavailable_reason}"}
         engine = runtime.gpu.transfers
         assert engine is not None
         transfer = veda.gpu(force="gpu")(_head)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from vedart.backends.cuda import CUDABackend
 
 MIB = 2**20
+DISABLED_BY_CONFIG = "GPU disabled by config"  # the reason when Config.gpu is False
 
 
 FREE_MEMORY_MAX_AGE_S = 0.01  # a decision may reuse a free-memory reading this young

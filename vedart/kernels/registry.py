@@ -44,6 +44,7 @@ from vedart.errors import (
     KernelLaunchError,
     SimulatorWarning,
 )
+from vedart.gpu.context import DISABLED_BY_CONFIG
 from vedart.kernels.arguments import (
     BoundCall,
     KernelParameters,
@@ -230,7 +231,7 @@ class KernelHandle:
             route = _Route(runtime, "gpu", "", stats, runtime.config.profiling,
                            gpu.devices[0].ordinal, cupy.ndarray, cupy.asarray, gpu)
         else:
-            reason = "GPU disabled by config" if gpu is None else \
+            reason = DISABLED_BY_CONFIG if gpu is None else \
                 f"no GPU: {gpu.unavailable_reason}"
             path = "cpu" if self.options.cpu is not None else \
                 "raise" if runtime.config.fallback == "raise" else "simulator"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vedart.gpu.context import GPUContext
+from vedart.gpu.context import DISABLED_BY_CONFIG, GPUContext
 from vedart.offload.adaptive import AdaptiveModel
 from vedart.offload.arguments import ArgumentFacts
 from vedart.units import format_bytes
@@ -96,7 +96,7 @@ def decide(facts: ArgumentFacts, *, gpu: GPUContext | None, threshold: int, head
     query, runs only when it chose the GPU."""
     wants_gpu = forcing is not None and forcing.path == "gpu"
     if gpu is None:
-        return _cpu("GPU disabled by config", forcing)
+        return _cpu(DISABLED_BY_CONFIG, forcing)
     if forcing is not None and forcing.path == "cpu":
         return Decision("cpu", f"forced by {forcing.source}")
     if gpu.unavailable_reason is not None:

@@ -34,8 +34,15 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import numpy as np
 
 from vedart import lifecycle
-from vedart.config import FIELD_SPECS, checked_bool, checked_int, one_of, parameter_names
+from vedart.config import (
+    FIELD_SPECS,
+    checked_bool,
+    checked_int,
+    one_of,
+    parameter_names,
+)
 from vedart.errors import ConfigError, GPUUnavailableError, OffloadError
+from vedart.gpu.context import DISABLED_BY_CONFIG
 from vedart.gpu.transfer import (
     Staged,
     TransferEngine,
@@ -236,7 +243,7 @@ class _Offload:
             always_cpu = 'forced by @gpu(force="cpu")'
         elif self.options.force is None:
             if runtime.gpu is None:
-                always_cpu = "GPU disabled by config"
+                always_cpu = DISABLED_BY_CONFIG
             elif not runtime.gpu.is_available():
                 always_cpu = f"no GPU: {runtime.gpu.unavailable_reason}"
         device_type: type = _NoDeviceArray
