@@ -32,7 +32,9 @@ SUPPORTED_DTYPES = frozenset(
 class Decision:
     """Where one call runs and why. ``refused`` marks a GPU that was asked for (forced, or a
     named device) but cannot be used, which ``fallback="raise"`` turns into an error;
-    ``model`` is the cost model that chose ("static" or "adaptive"); ``free_bytes`` is the
+    ``model`` is what chose: "adaptive" for the adaptive model, "static" for a fixed rule (the
+    static threshold, and under either model: no GPU, a forced path, a call below the
+    threshold or floor); ``free_bytes`` is the
     chosen device's free memory as read for this decision (None when none was read);
     ``timed``: whether the adaptive model learns from this call's time (it explores or
     re-checks; a settled call is neither timed nor learned from); ``exploring``: the model has
