@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vedart", description="vedart command line")
     parser.add_argument("--version", action="version", version=f"vedart {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = commands.add_parser("demo", help="the seed guide's patterns end to end, checked "
+    demo = commands.add_parser("demo", help="the guide's common patterns end to end, checked "
                                "against NumPy, with where each call ran and why")
     demo.set_defaults(handler=_demo)
     info = commands.add_parser("info", help="versions, configuration and GPU devices")

@@ -33,7 +33,7 @@ FREE_MEMORY_SLACK = 100
 class GPUContext:
     """The runtime's view of its GPUs.
 
-    Truthy exactly when a GPU is usable, so the seed guide's ``if runtime.gpu:`` works.
+    Truthy exactly when a GPU is usable, so ``if runtime.gpu:`` reads naturally.
     ``devices`` lists the configured devices (``Config.devices``, default all visible);
     querying a device that is not among them raises DeviceError, and querying any device
     while none is usable raises GPUUnavailableError with :attr:`unavailable_reason` (in a
