@@ -36,6 +36,15 @@ def test_info_json_schema_and_sources() -> None:
         assert info["gpu"]["reason"] and info["gpu"]["devices"] == []
 
 
+def test_info_says_the_default_threshold_is_the_static_rules() -> None:
+    adaptive = format_info(collect_info(veda.init()))
+    assert "offload_threshold    1000000        default (the static rule's; the adaptive " \
+        "model starts at 65.5 KB)" in adaptive
+    static = format_info(collect_info(veda.init(veda.Config.builder().cost_model("static")
+                                                .build())))
+    assert "offload_threshold    1000000        default\n" in static
+
+
 def test_info_text_names_the_reason_without_a_gpu() -> None:
     result = run_cli("info", env={"VEDART_GPU": "0"})
     assert result.returncode == 0

@@ -16,7 +16,9 @@ from vedart._version import __version__, component_versions
 from vedart.config import FIELD_SPECS
 from vedart.errors import GPUUnavailableError, VedaError
 from vedart.lifecycle import get_runtime
+from vedart.offload.adaptive import ADAPTIVE_FLOOR
 from vedart.runtime import Runtime
+from vedart.units import format_bytes
 
 # bench suites: name -> module in vedart.bench with run(quick) -> dict and format_table(dict).
 BENCH_SUITES = ("ops", "overhead", "matmul", "transfer", "par_iter", "kernels", "dask",
@@ -72,13 +74,22 @@ def collect_info(runtime: Runtime) -> dict[str, Any]:
     }
 
 
+def _config_note(name: str, info: dict[str, Any]) -> str:
+    """What a setting's line adds: the default threshold is the static rule's alone."""
+    config = info["config"]
+    if name == "offload_threshold" and config[name]["source"] == "default" and \
+            config["cost_model"]["value"] == "adaptive":
+        return f" (the static rule's; the adaptive model starts at {format_bytes(ADAPTIVE_FLOOR)})"
+    return ""
+
+
 def format_info(info: dict[str, Any]) -> str:
     """The human-readable form of :func:`collect_info`'s data."""
     lines = [f"vedart {info['vedart']}", "", "versions:"]
     lines += [f"  {name:<11} {version or 'not installed'}"
               for name, version in info["versions"].items()]
     lines += ["", "config (value, source):"]
-    lines += [f"  {name:<20} {entry['value']!r:<14} {entry['source']}"
+    lines += [f"  {name:<20} {entry['value']!r:<14} {entry['source']}{_config_note(name, info)}"
               for name, entry in info["config"].items()]
     lines += ["", *_scheduler_lines(info["scheduler"])]
     gpu = info["gpu"]
