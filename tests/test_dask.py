@@ -51,7 +51,7 @@ from hypothesis import strategies as st
 
 import vedart as veda
 from vedart.cli import collect_info, format_info
-from vedart.parallel.dask_scheduler import DASK_WINDOW_PER_THREAD
+from vedart.parallel.dask_scheduler import DASK_WINDOW_PER_THREAD, DaskCluster
 from vedart.parallel.dask_shared import SHARED_MIN_BYTES, SHM_DIRECTORY, SharedRing
 
 distributed = pytest.importorskip("distributed")
@@ -480,6 +480,29 @@ def test_a_chain_holding_much_data_outlives_its_only_worker_and_waits_for_worker
         doubled = veda.par_iter(source(), chunk_size=1).map(
             lambda i: float(table[i] * 2)).collect()
         assert doubled == [float(value * 2) for value in table[:30]] and len(victims) == 1
+
+
+class _RacingFuture:
+    """A task's future whose first timed wait hits distributed's sync() race: it raises
+    UnboundLocalError (dask/distributed#8514), and then gives its result."""
+
+    def __init__(self, status: str) -> None:
+        self.status, self.waits = status, 0
+
+    def result(self, timeout: float | None = None) -> str:
+        self.waits += 1
+        if self.waits == 1:
+            raise UnboundLocalError("cannot access local variable 'result'")
+        return "the batch"
+
+
+def test_a_result_wait_that_loses_distributeds_timeout_race_waits_again(client: Any) -> None:
+    cluster = DaskCluster(client, None, False, timeout=5.0)
+    for status in ("pending", "finished"):
+        future = _RacingFuture(status)
+        assert cluster.result(future) == "the batch" and future.waits == 2
+    with pytest.raises(UnboundLocalError):  # a task that failed so: its own error
+        cluster.result(_RacingFuture("error"))
 
 
 def test_a_worker_killed_mid_run_still_gives_each_item_once(client: Any) -> None:

@@ -257,6 +257,13 @@ class DaskCluster:
                     continue
                 if self.client.status in ("closing", "closed"):  # no answer will come
                     raise self.gone("the client was closed") from None
+            except UnboundLocalError:
+                # distributed's sync() can lose the race between its own timeout and the
+                # result, and raise this instead of either (dask/distributed#8514): a task
+                # that neither failed nor was cancelled is waited for again.
+                if future.status not in ("pending", "finished"):
+                    raise
+                continue
             except Exception as error:
                 if self.client.status == "running":
                     raise
