@@ -12,7 +12,6 @@ import json
 import os
 import threading
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -306,12 +305,12 @@ class Telemetry:
         if not rows:
             return "no @gpu calls recorded" + ("" if self.enabled else " (telemetry is off)") \
                 + self._kernel_table()
-        width = _column_width("function", (row["function"] for row in rows))
-        header = (f"{'function':<{width}} {'calls':>6} {'gpu':>5} {'cpu':>5} {'fallbk':>6} "
+        names = _name_column("function", [row["function"] for row in rows])
+        header = (f"{names[0]} {'calls':>6} {'gpu':>5} {'cpu':>5} {'fallbk':>6} "
                   f"{'to-dev ms':>9} {'compute ms':>10} {'to-host ms':>10} {'moved':>9} "
                   f"{'GB/s':>6}  last decision")
         lines = [header, "-" * len(header)]
-        for row in rows:
+        for name, row in zip(names[1:], rows):
             mean = row["mean_seconds_gpu"]
             moved = format_bytes(row["bytes_to_device"] + row["bytes_to_host"])
             gbps = row["transfer_gb_per_s"]
@@ -319,8 +318,7 @@ class Telemetry:
             phases = ["-" if mean[phase] is None else f"{mean[phase] * 1e3:.3f}"
                       for phase in ("to_device", "compute", "to_host")]
             lines.append(
-                f"{_fitted(row['function'], width):<{width}} {row['calls']:>6} "
-                f"{row['gpu_calls']:>5} "
+                f"{name} {row['calls']:>6} {row['gpu_calls']:>5} "
                 f"{row['cpu_calls']:>5} {row['fallback_calls']:>6} "
                 f"{phases[0]:>9} {phases[1]:>10} {phases[2]:>10} {moved:>9} {rate:>6}  "
                 + ("no call yet" if row["last_path"] is None  # explained, or set up, only
@@ -337,37 +335,37 @@ class Telemetry:
         rows = self.snapshot()["workers"]
         if not rows:
             return ""
-        workers = _column_width("worker (device)", (row["worker"] for row in rows))
-        functions = _column_width("function", (row["function"] for row in rows))
+        workers = _name_column("worker (device)", [row["worker"] for row in rows])
+        functions = _name_column("function", [row["function"] for row in rows])
         return _appended_table(
-            f"{'worker (device)':<{workers}} {'function':<{functions}} {'calls':>6} {'gpu':>5} "
-            f"{'cpu':>5} {'fallbk':>6}",
-            [f"{_fitted(row['worker'], workers):<{workers}} "
-             f"{_fitted(row['function'], functions):<{functions}} {row['calls']:>6} "
-             f"{row['gpu_calls']:>5} {row['cpu_calls']:>5} {row['fallback_calls']:>6}"
-             for row in rows])
+            f"{workers[0]} {functions[0]} {'calls':>6} {'gpu':>5} {'cpu':>5} {'fallbk':>6}",
+            [f"{worker} {function} {row['calls']:>6} {row['gpu_calls']:>5} "
+             f"{row['cpu_calls']:>5} {row['fallback_calls']:>6}"
+             for worker, function, row in zip(workers[1:], functions[1:], rows)])
 
     def _kernel_table(self) -> str:
         """The @gpu_kernel table report() appends ("" before the first kernel launch)."""
         rows = self.snapshot()["kernels"]
         if not rows:
             return ""
-        width = _column_width("kernel", (row["kernel"] for row in rows))
+        names = _name_column("kernel", [row["kernel"] for row in rows])
         lines = []
-        for row in rows:
+        for name, row in zip(names[1:], rows):
             mean = "-" if row["mean_kernel_seconds"] is None else \
                 f"{row['mean_kernel_seconds'] * 1e3:.3f}"
             lines.append(
-                f"{_fitted(row['kernel'], width):<{width}} {row['launches']:>8} "
+                f"{name} {row['launches']:>8} "
                 f"{row['gpu_launches']:>6} {row['simulator_launches']:>6} "
                 f"{row['cpu_launches']:>6} {row['compile_seconds']:>9.3f} {mean:>14}")
-        return _appended_table(f"{'kernel':<{width}} {'launches':>8} {'gpu':>6} {'simul':>6} "
+        return _appended_table(f"{names[0]} {'launches':>8} {'gpu':>6} {'simul':>6} "
                                f"{'cpu':>6} {'compile s':>9} {'mean kernel ms':>14}", lines)
 
 
-def _column_width(title: str, names: Iterable[str]) -> int:
-    """A name column's width: its longest name (or title), at most ``NAME_COLUMN_MOST``."""
-    return min(max(len(title), *(len(name) for name in names)), NAME_COLUMN_MOST)
+def _name_column(title: str, names: list[str]) -> list[str]:
+    """A name column's cells, ``title`` first, padded to its longest (at most
+    ``NAME_COLUMN_MOST``; longer names shortened by :func:`_fitted`)."""
+    width = min(max(len(title), *map(len, names)), NAME_COLUMN_MOST)
+    return [f"{_fitted(text, width):<{width}}" for text in (title, *names)]
 
 
 def _fitted(name: str, width: int) -> str:

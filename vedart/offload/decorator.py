@@ -189,8 +189,13 @@ def _positional_names(func: Callable[..., Any]) -> tuple[str, ...]:
                                        inspect.Parameter.POSITIONAL_OR_KEYWORD))
 
 
+def _runs(func: Callable[..., Any]) -> Callable[..., Any]:
+    """What ``func`` runs: a partial's function, else ``func`` itself."""
+    return func.func if isinstance(func, functools.partial) else func
+
+
 def _qualified_name(func: Callable[..., Any]) -> str:
-    target = func.func if isinstance(func, functools.partial) else func
+    target = _runs(func)
     module = getattr(target, "__module__", None) or "?"
     return f"{module}.{getattr(target, '__qualname__', type(target).__name__)}"
 
@@ -200,8 +205,7 @@ def _display_name(func: Callable[..., Any], qualified_name: str) -> str:
     name, and the report would count them as one function (two on one line still are)."""
     if not qualified_name.endswith("<lambda>"):
         return qualified_name
-    target = inspect.unwrap(func.func if isinstance(func, functools.partial) else func)
-    code = getattr(target, "__code__", None)
+    code = getattr(inspect.unwrap(_runs(func)), "__code__", None)
     return qualified_name if code is None else f"{qualified_name} (line {code.co_firstlineno})"
 
 
@@ -225,6 +229,11 @@ class _Offload:
         # Argument signatures whose GPU attempt failed where the CPU re-run succeeded, with
         # the failure: their calls go to the CPU unless forced.
         self.gpu_failures: dict[str, str] = {}
+        try:  # what a call binds against (a functools.wraps wrapper's own parameters)
+            self._own_signature: inspect.Signature | None = inspect.signature(
+                func, follow_wrapped=False)
+        except (TypeError, ValueError):  # a callable without one: the call itself will tell
+            self._own_signature = None
         self._signature: inspect.Signature | None = None
         if options.writes:
             self._signature = inspect.signature(func)
@@ -328,16 +337,11 @@ class _Offload:
         TypeError, as the call would; missing ones do not. Reached through an instance,
         ``explain`` gets no ``self`` and takes the first argument for it, so there it catches
         unknown keywords only."""
-        try:
-            signature = inspect.signature(self.func, follow_wrapped=False)
-        except (TypeError, ValueError):  # a callable without one: the call itself will tell
-            signature = None
-        if signature is not None:
+        if self._own_signature is not None:
             try:
-                signature.bind_partial(*args, **kwargs)
+                self._own_signature.bind_partial(*args, **kwargs)
             except TypeError as error:  # named as the call's own TypeError names it
-                target = self.func.func if isinstance(self.func, functools.partial) \
-                    else self.func
+                target = _runs(self.func)
                 name = getattr(target, "__qualname__", type(target).__qualname__)
                 raise TypeError(f"{name}(): {error}") from None
         plan = self.current_plan()

@@ -27,7 +27,8 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import import_module
 from importlib.util import find_spec
@@ -39,7 +40,6 @@ from vedart.errors import ConfigError, ParIterError, SchedulerUnavailableError
 from vedart.locks import renew_in_child
 from vedart.offload.force import forced_path
 from vedart.parallel.batch import Batch, ItemFailure, Reader
-from vedart.parallel.device_workers import visible_device
 from vedart.parallel.dask_payload import (
     check_batch,
     encode_steps,
@@ -51,6 +51,7 @@ from vedart.parallel.dask_payload import (
     without_failures,
 )
 from vedart.parallel.dask_shared import SharedBatch, SharedRing
+from vedart.parallel.device_workers import visible_device
 from vedart.parallel.elementwise import Step
 from vedart.parallel.scheduler import ChunkPolicy, WindowedReader, shut_down_error
 from vedart.telemetry import Telemetry
@@ -249,9 +250,7 @@ class DaskCluster:
             self.check_open()  # tasks shorter than a poll would not see a shutdown otherwise
             try:
                 return future.result(timeout=POLL_S)
-            except TimeoutError:
-                if self._closed:  # veda.shutdown(), on a client that stays open
-                    raise shut_down_error() from None
+            except TimeoutError:  # a shutdown meanwhile: check_open() at the loop's top
                 if self.client.status == "running":
                     silent_since = None
                     continue
@@ -280,16 +279,22 @@ class DaskCluster:
         as any task does (scattered data was lost with its last worker, and a scatter failed
         on a cluster without workers yet)."""
         self.check_open()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), self.sending():
             # Sent once on purpose: Dask's hint is against repeating large data in a graph.
             warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-            try:
-                return self.client.submit(held, data, pure=False)
-            except Exception as error:
-                if self.client.status != "running":
-                    raise self.gone(f"the client was closed ({type(error).__name__}: "
-                                    f"{error})") from error
-                raise
+            return self.client.submit(held, data, pure=False)
+
+    @contextmanager
+    def sending(self) -> Iterator[None]:
+        """Around a submission: an error raised because the client was closed meanwhile
+        becomes the ParIterError saying so."""
+        try:
+            yield
+        except Exception as error:
+            if self.client.status != "running":
+                raise self.gone(f"the client was closed ({type(error).__name__}: "
+                                f"{error})") from error
+            raise
 
     def check_open(self) -> None:
         """ParIterError once the runtime has closed this cluster (``veda.shutdown()`` or
@@ -449,15 +454,14 @@ class DaskReader(WindowedReader[_Submitted]):
         payloads = [batch if ship is None else ship[0] for batch, ship in zip(batches, shipped)]
         count = len(batches)
         try:
-            return self._cluster.client.map(  # type: ignore[no-any-return]
-                run_batch, [self._steps] * count, payloads, [self._forced] * count, pure=False)
-        except Exception as error:
+            with self._cluster.sending():
+                return self._cluster.client.map(  # type: ignore[no-any-return]
+                    run_batch, [self._steps] * count, payloads, [self._forced] * count,
+                    pure=False)
+        except Exception:
             for ship in shipped:
                 if ship is not None and ring is not None:
                     ring.release(ship[1])
-            if self._cluster.client.status != "running":
-                raise self._cluster.gone(f"the client was closed ({type(error).__name__}: "
-                                         f"{error})") from error
             raise
 
     def _await(self, task: _Submitted) -> Batch:

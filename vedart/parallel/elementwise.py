@@ -9,10 +9,9 @@ fused (a ``take`` between them stops fusion).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from vedart.offload.call_wrapper import generated
@@ -119,7 +118,7 @@ _FAILED = """\
 """
 
 
-@functools.lru_cache(maxsize=256)
+@lru_cache(maxsize=256)
 def _chain_source(kinds: tuple[str, ...]) -> str:
     """The source of ``run`` for steps of ``kinds`` (functions ``f0``, ``f1``, ...)."""
     source, indent, value = _HEAD, " " * 8, "v0"
