@@ -32,6 +32,7 @@ from vedart.offload.adaptive import (
     AdaptiveModel,
     Calibration,
     function_key,
+    rechecks_deferred,
     size_bucket,
     typical,
 )
@@ -169,6 +170,27 @@ def test_a_settled_bucket_rechecks_its_other_path_at_doubling_intervals() -> Non
     timed = [index for index, choice in enumerate(choices) if choice.timed]
     assert timed == [start + call for start in starts for call in range(2 * RECHECK_CALLS)
                      if start + call < len(choices)]
+
+
+def test_a_deferred_recheck_waits_for_the_first_call_after_the_block() -> None:
+    """A pipeline decides items under rechecks_deferred while a re-check's CPU item runs:
+    they get the settled path, untimed, and the re-check goes on afterwards where it was."""
+    model = AdaptiveModel()
+    feed(model, 16 * MB, {"cpu": 0.0040, "gpu": 0.0031}, calls=13)
+    choices = []
+    while not choices or choices[-1].path != "cpu":
+        choices.append(model.choose("f", SIG, 16 * MB))
+    assert choices[-1].reason.startswith("adaptive: re-checking cpu") and "call 1 of" in \
+        choices[-1].reason
+    with rechecks_deferred():
+        deferred = [model.choose("f", SIG, 16 * MB) for _ in range(5)]
+    assert [(choice.path, choice.timed) for choice in deferred] == [("gpu", False)] * 5
+    after = [model.choose("f", SIG, 16 * MB) for _ in range(2 * RECHECK_CALLS)]
+    assert [(choice.path, choice.timed) for choice in after] == [
+        ("cpu", True)] * (RECHECK_CALLS - 1) + [("gpu", True)] * RECHECK_CALLS + [("gpu", False)]
+    assert "call 2 of" in after[0].reason
+    with rechecks_deferred():  # a settled bucket with no re-check due: counts as ever
+        assert model.choose("f", SIG, 16 * MB) == after[-1]
 
 
 def test_a_much_slower_path_is_rechecked_within_the_exploration_budget() -> None:

@@ -18,7 +18,7 @@ from fakes import FakeProbe
 
 import vedart as veda
 from vedart.errors import DeviceError, ParIterError
-from vedart.offload.adaptive import AdaptiveModel
+from vedart.offload.adaptive import AdaptiveModel, Choice
 from vedart.offload.cost import Decision
 from vedart.offload.decorator import OffloadOptions
 from vedart.offload.force import preferred_device
@@ -149,7 +149,8 @@ class LearningOffload(FakeOffload):
     ``gpu_seconds`` for one on a lane (whose launch sleeps that long; the function should
     take ``cpu_seconds`` off the lanes, see :func:`costly_on_cpu`). ``running_at_decision``
     lists, per decision, how many of the calls the model was timing had not finished: all
-    (``"timed"``), those it was exploring with, and those on the CPU."""
+    (``"timed"``), those it was exploring with, and those on the CPU; ``choices``, the
+    model's choice of each decision."""
 
     def __init__(self, function: Callable[[np.ndarray], Any], *, cpu_seconds: float,
                  gpu_seconds: float) -> None:
@@ -158,12 +159,14 @@ class LearningOffload(FakeOffload):
         self.cpu_seconds = cpu_seconds
         self.running = {"timed": 0, "exploring": 0, "cpu": 0}
         self.running_at_decision: dict[str, list[int]] = {kind: [] for kind in self.running}
+        self.choices: list[Choice] = []
 
     def plan_call(self, item: np.ndarray) -> FakeCall:
         choice = self.model.choose("f", "|u1:1", item.nbytes)
         with self.lock:
             for kind, count in self.running.items():
                 self.running_at_decision[kind].append(count)
+            self.choices.append(choice)
             self._count(choice.timed, choice.exploring, choice.path, 1)
         flags = {"timed": choice.timed, "exploring": choice.exploring}
         if choice.path == "cpu":
@@ -322,19 +325,23 @@ def test_the_model_decides_each_item_knowing_the_times_of_those_it_explored() ->
         p.item for p in runtime.telemetry.placements() if p.path == "cpu")
 
 
-def test_a_settled_sizes_recheck_on_the_gpu_holds_up_no_item_after_it() -> None:
-    """Once the model has settled a size, its re-checks' GPU items are decided and run like the
+def test_a_settled_sizes_recheck_holds_up_no_item_after_it() -> None:
+    """Once the model has settled a size, its re-checks' items are decided and run like the
     others: waiting for each before deciding the next drained the lanes, which made a pipeline
-    on the default configuration twice as slow as under the static rule. Items timed on the
-    CPU are still waited for: a GPU item timed beside one would read its interference."""
+    on the default configuration twice as slow as under the static rule. While a re-check's
+    CPU item runs, the items decided are the settled path's, untimed: a GPU item timed beside
+    it would read its interference."""
     runtime = fake_gpus(count=1, threads=2)
     wrapper = LearningOffload(costly_on_cpu(0.02), cpu_seconds=0.02, gpu_seconds=0.01)
     assert par_iter(items(80, 2 * MB)).gpu_map(wrapper).collect() == [10 * i for i in range(80)]
     assert wrapper.running_at_decision["exploring"] == [0] * 80
-    assert wrapper.running_at_decision["cpu"] == [0] * 80
     assert max(wrapper.running_at_decision["timed"]) >= 1  # a re-check's GPU item was running
+    beside_cpu = [choice for choice, running in zip(
+        wrapper.choices, wrapper.running_at_decision["cpu"]) if running]
+    assert beside_cpu  # a re-check's CPU item was running
+    assert all(choice.path == "gpu" and not choice.timed for choice in beside_cpu)
     rechecks = [p for p in runtime.telemetry.placements() if p.path == "cpu"][1:]
-    assert rechecks and wrapper.model.choose("f", "|u1:1", 2 * MB).path == "gpu"
+    assert len(rechecks) >= 2 and wrapper.model.choose("f", "|u1:1", 2 * MB).path == "gpu"
 
 
 def test_idle_cpu_workers_take_items_of_a_size_the_cpu_keeps_up_with() -> None:

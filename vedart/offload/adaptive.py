@@ -49,7 +49,9 @@ import math
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -91,6 +93,20 @@ EXPLORE_BUDGET = 0.1
 FIRST_ON_CPU_S = 0.01
 SLOW_RATIO = 10.0       # a path measured this much slower is re-checked at least ...
 SLOW_REVISIT_MIN = 256  # ... this many calls apart
+_rechecks_deferred: ContextVar[bool] = ContextVar("vedart_rechecks_deferred", default=False)
+
+
+@contextmanager
+def rechecks_deferred() -> Iterator[None]:
+    """Within the block, a settled bucket whose re-check is due or under way answers with its
+    settled choice, untimed, and keeps the re-check for the first call after the block: a
+    pipeline decides its next items so while a re-check's CPU item runs (``gpu_map``), and
+    none of them is timed beside it."""
+    token = _rechecks_deferred.set(True)
+    try:
+        yield
+    finally:
+        _rechecks_deferred.reset(token)
 
 
 @dataclass(frozen=True)
@@ -422,7 +438,9 @@ class AdaptiveModel:
         at least what keeps the re-check within ``EXPLORE_BUDGET`` of the calls between
         (at least ``SLOW_REVISIT_MIN`` for a path ``SLOW_RATIO`` times slower); it starts afresh
         when the choice changes. Only calls that reach the model count (not those under the
-        settled-CPU floor, which take the fast path); with ``peek`` nothing is counted."""
+        settled-CPU floor, which take the fast path); with ``peek`` nothing is counted. Under
+        :func:`rechecks_deferred` a re-check that is due or under way waits, and the calls
+        meanwhile count for nothing but the ledger."""
         state = bucket.revisit
         other = "cpu" if choice.path == "gpu" else "gpu"
         if state is None or state.chosen != choice.path:
@@ -430,10 +448,13 @@ class AdaptiveModel:
             state = _Revisit(first, first, choice.path)
             if not peek:
                 bucket.revisit = state
-        if state.recheck_left == 0 and state.calls_left > 1:
+        counting = state.recheck_left == 0 and state.calls_left > 1
+        if counting or _rechecks_deferred.get():
             if not peek:
-                state.calls_left -= 1
-                bucket.last_path = choice.path  # untimed, but a switch all the same
+                if counting:
+                    state.calls_left -= 1
+                    bucket.last_path = choice.path  # untimed, but a switch all the same
+                # deferred: last_path stays the re-check's, whose next call follows it
                 seconds = bucket.typicals.get(choice.path) or bucket.typical(choice.path)
                 if seconds != math.inf:
                     (self._ledgers.get(key) or self._ledger(key)).total += seconds

@@ -3,15 +3,17 @@
 Per item, in input order, on the thread that drives the pipeline:
 1. ``wrapper.plan_call(item)`` under ``prefer_device(least loaded device)`` makes the @gpu
    decision (``force=`` and ``veda.force`` blocks apply as they do to a direct call). While
-   an item the adaptive model is exploring with (its size not settled yet), or one it times
-   on the CPU, has not finished, no further item is decided: the model decides the next one
-   knowing its time, as it decides a direct call after the previous one returned. Deciding
-   ahead would send a whole window of items down a path the model has not measured yet (with
-   a plain function, its first call of a size runs on the CPU: a window of 48 matrices, on
-   the CPU), and a GPU item timed beside a CPU item (all cores in NumPy's BLAS) would time
-   that item's interference as much as its own. A settled size's re-check items on the GPU
-   hold nothing up: the lanes go on meanwhile, where waiting for each drained them (H100,
-   2026-11-25: 46 ms a pipeline of 64 matrices, against 25 ms under the static rule).
+   an item the adaptive model is exploring with (its size not settled yet) has not finished,
+   no further item is decided: the model decides the next one knowing its time, as it
+   decides a direct call after the previous one returned. Deciding ahead would send a whole
+   window of items down a path the model has not measured yet (with a plain function, its
+   first call of a size runs on the CPU: a window of 48 matrices, on the CPU). A settled
+   size's re-checks hold nothing up: their GPU items run in the lanes like the others, where
+   waiting for each drained them (H100, 2026-11-25: 46 ms a pipeline of 64 matrices, against
+   25 ms under the static rule); while one of their CPU items runs, the next items are
+   decided under ``rechecks_deferred`` (the settled path, untimed; the re-check goes on
+   after it), so no GPU item is timed beside a CPU item (all cores in NumPy's BLAS), which
+   would time that item's interference as much as its own.
 2. CPU: the item joins a batch of consecutive CPU items, run on the worker pool
    ``chunk_size`` items per task: through the wrapper (its fast path), or, when the adaptive
    model chose the CPU, as the decided call itself (so a re-check of the CPU runs there and is
@@ -31,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
+from contextlib import nullcontext
 from contextvars import copy_context
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,7 +41,7 @@ from types import MethodType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from vedart.errors import ConfigError
-from vedart.offload.adaptive import size_bucket
+from vedart.offload.adaptive import rechecks_deferred, size_bucket
 from vedart.offload.cost import Decision
 from vedart.offload.decorator import gpu, is_gpu_wrapper, rewrapped
 from vedart.offload.force import forced_path, prefer_device
@@ -309,8 +312,11 @@ class GpuMapReader(ItemwiseReader):
         assert runtime.gpu
         self._engine = runtime.gpu.transfers
         self._cpu_items = _CpuItems()
-        # The latest item whose time the next decision waits for (see the module docstring).
+        # The latest item whose time the next decision waits for, and the latest item of a
+        # settled size's re-check timed on the CPU, which no decision waits for (see the
+        # module docstring).
         self._awaited: Task[Batch] | None = None
+        self._rechecking: Task[Batch] | None = None
 
     def _fill(self) -> None:
         try:
@@ -325,8 +331,11 @@ class GpuMapReader(ItemwiseReader):
         self._await_timing()
         lanes = self._lanes.devices[self._device] if self._device is not None \
             else self._lanes.least_loaded()
+        if self._rechecking is not None and self._rechecking.wait(0):
+            self._rechecking = None
         try:
-            with prefer_device(lanes.device):
+            with prefer_device(lanes.device), \
+                    rechecks_deferred() if self._rechecking is not None else nullcontext():
                 call = self._wrapper.plan_call(item)
         except Exception as error:
             self._add_cpu(ItemFailure(origin, self.label, error), origin, 0)
@@ -337,7 +346,11 @@ class GpuMapReader(ItemwiseReader):
             flushed = self._add_cpu(item, origin, nbytes,
                                     call if decision.model == "adaptive" else None)
             if timed:
-                self._awaited = flushed or self._flush_cpu()
+                task = flushed or self._flush_cpu()
+                if decision.exploring:
+                    self._awaited = task
+                else:
+                    self._rechecking = task
             return
         assert decision.device is not None, decision
         lanes = self._lanes.devices.get(decision.device, lanes)  # an input's own device
