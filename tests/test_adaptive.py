@@ -189,8 +189,17 @@ def test_a_deferred_recheck_waits_for_the_first_call_after_the_block() -> None:
     assert [(choice.path, choice.timed) for choice in after] == [
         ("cpu", True)] * (RECHECK_CALLS - 1) + [("gpu", True)] * RECHECK_CALLS + [("gpu", False)]
     assert "call 2 of" in after[0].reason
+    revisit = model._bucket(("f", SIG, size_bucket(16 * MB))).revisit
+    assert revisit is not None
+    left = revisit.calls_left
     with rechecks_deferred():  # a settled bucket with no re-check due: counts as ever
         assert model.choose("f", SIG, 16 * MB) == after[-1]
+    assert revisit.calls_left == left - 1
+    while revisit.calls_left > 1:  # the next re-check due: deferred before it starts
+        model.choose("f", SIG, 16 * MB)
+    with rechecks_deferred():
+        assert [model.choose("f", SIG, 16 * MB).path for _ in range(3)] == ["gpu"] * 3
+    assert revisit.calls_left == 1 and "call 1 of" in model.choose("f", SIG, 16 * MB).reason
 
 
 def test_a_much_slower_path_is_rechecked_within_the_exploration_budget() -> None:

@@ -70,10 +70,12 @@ class FakeCall:
         self.staged_on = threading.current_thread().name
 
     def launch(self) -> None:
+        self.offload.starts(self)
         self._outcome = self.offload.run(self.item, self.staged_on)
 
     def run(self) -> Any:
         """Run as decided, on the calling thread (a CPU decision of the adaptive model)."""
+        self.offload.starts(self)
         with self.offload.lock:
             self.offload.decided_runs.append(int(self.item[0]))
         value = self.offload.__wrapped__(self.item)
@@ -120,6 +122,9 @@ class FakeOffload:
             return FakeCall(self, item, Decision("gpu", "fake", device, free_bytes=free))
         return FakeCall(self, item, Decision("cpu", "fake: small", model=self.cpu_model))
 
+    def starts(self, call: FakeCall) -> None:
+        """``call`` starts as decided (on a CPU worker, or launched on a lane)."""
+
     def ran(self, call: FakeCall) -> None:
         """``call`` ran as decided (on a CPU worker, or landed from a lane)."""
 
@@ -150,7 +155,8 @@ class LearningOffload(FakeOffload):
     take ``cpu_seconds`` off the lanes, see :func:`costly_on_cpu`). ``running_at_decision``
     lists, per decision, how many of the calls the model was timing had not finished: all
     (``"timed"``), those it was exploring with, and those on the CPU; ``choices``, the
-    model's choice of each decision."""
+    model's choice of each decision; ``beside``, per timed call as it starts, its path and how
+    many other timed calls were running then, per path."""
 
     def __init__(self, function: Callable[[np.ndarray], Any], *, cpu_seconds: float,
                  gpu_seconds: float) -> None:
@@ -160,6 +166,8 @@ class LearningOffload(FakeOffload):
         self.running = {"timed": 0, "exploring": 0, "cpu": 0}
         self.running_at_decision: dict[str, list[int]] = {kind: [] for kind in self.running}
         self.choices: list[Choice] = []
+        self.timed_running = {"cpu": 0, "gpu": 0}
+        self.beside: list[tuple[str, dict[str, int]]] = []
 
     def plan_call(self, item: np.ndarray) -> FakeCall:
         choice = self.model.choose("f", "|u1:1", item.nbytes)
@@ -178,10 +186,18 @@ class LearningOffload(FakeOffload):
                                 free_bytes=veda.get_runtime().gpu.free_memory(device), **flags)
         return FakeCall(self, item, decision)
 
+    def starts(self, call: FakeCall) -> None:
+        if call.decision.timed:
+            with self.lock:
+                self.beside.append((call.decision.path, dict(self.timed_running)))
+                self.timed_running[call.decision.path] += 1
+
     def ran(self, call: FakeCall) -> None:
         if not call.decision.timed:
             return
         path = call.decision.path
+        with self.lock:
+            self.timed_running[path] -= 1
         self.model.observe("f", "|u1:1", call.host_bytes, path,
                            self.cpu_seconds if path == "cpu" else self.gpu_seconds)
         with self.lock:
@@ -329,19 +345,43 @@ def test_a_settled_sizes_recheck_holds_up_no_item_after_it() -> None:
     """Once the model has settled a size, its re-checks' items are decided and run like the
     others: waiting for each before deciding the next drained the lanes, which made a pipeline
     on the default configuration twice as slow as under the static rule. While a re-check's
-    CPU item runs, the items decided are the settled path's, untimed: a GPU item timed beside
-    it would read its interference."""
+    CPU item runs, the items decided are the settled path's, untimed; no timed item starts
+    beside a timed CPU item (it would read its interference), even one of a new size decided
+    meanwhile."""
     runtime = fake_gpus(count=1, threads=2)
     wrapper = LearningOffload(costly_on_cpu(0.02), cpu_seconds=0.02, gpu_seconds=0.01)
-    assert par_iter(items(80, 2 * MB)).gpu_map(wrapper).collect() == [10 * i for i in range(80)]
+    sizes = [2 * MB] * 80
+    for index in range(24, 80, 3):  # new sizes, once 2 MB has settled
+        sizes[index] = 2 * MB << (1 + index % 6)
+    data = [np.full(size, index, dtype=np.uint8) for index, size in enumerate(sizes)]
+    assert par_iter(data).gpu_map(wrapper).collect() == [10 * i for i in range(80)]
     assert wrapper.running_at_decision["exploring"] == [0] * 80
     assert max(wrapper.running_at_decision["timed"]) >= 1  # a re-check's GPU item was running
     beside_cpu = [choice for choice, running in zip(
         wrapper.choices, wrapper.running_at_decision["cpu"]) if running]
-    assert beside_cpu  # a re-check's CPU item was running
-    assert all(choice.path == "gpu" and not choice.timed for choice in beside_cpu)
-    rechecks = [p for p in runtime.telemetry.placements() if p.path == "cpu"][1:]
+    assert any(choice.path == "gpu" and not choice.timed for choice in beside_cpu)
+    assert any(choice.timed for choice in beside_cpu)  # a new size, decided meanwhile
+    assert all(running["cpu"] == 0 for _, running in wrapper.beside)
+    assert all(running["gpu"] == 0 for path, running in wrapper.beside if path == "cpu")
+    rechecks = [p for p in runtime.telemetry.placements() if p.path == "cpu"
+                and sizes[p.item] == 2 * MB][1:]
     assert len(rechecks) >= 2 and wrapper.model.choose("f", "|u1:1", 2 * MB).path == "gpu"
+
+
+def test_a_cpu_settled_sizes_recheck_times_the_cpu_after_its_gpu_items() -> None:
+    """A size settled on the CPU re-checks the GPU first (two timed lane items), then times
+    the CPU: its CPU item starts once those have finished, not beside them."""
+    fake_gpus(count=1, threads=2)
+    # The CPU runs take less than the model learns, so the workers are idle when a re-check
+    # comes: its CPU item would start at once.
+    wrapper = LearningOffload(costly_on_cpu(0.0005), cpu_seconds=0.005, gpu_seconds=0.012)
+    assert par_iter(items(120, 2 * MB)).gpu_map(wrapper).collect() == [
+        10 * i for i in range(120)]
+    assert wrapper.model.choose("f", "|u1:1", 2 * MB).path == "cpu"
+    assert any(choice.reason.startswith("adaptive: re-checking gpu") for choice in wrapper.choices)
+    assert all(running == {"cpu": 0, "gpu": 0} for path, running in wrapper.beside
+               if path == "cpu")
+    assert all(running["cpu"] == 0 for _, running in wrapper.beside)
 
 
 def test_idle_cpu_workers_take_items_of_a_size_the_cpu_keeps_up_with() -> None:

@@ -454,7 +454,10 @@ class AdaptiveModel:
                 if counting:
                     state.calls_left -= 1
                     bucket.last_path = choice.path  # untimed, but a switch all the same
-                # deferred: last_path stays the re-check's, whose next call follows it
+                # Deferred: last_path stays the re-check's, so its next call is learned from
+                # (in a pipeline, after some milliseconds of untimed items on the other path,
+                # which may leave that call colder than a direct call's: towards the settled
+                # path, the safe side).
                 seconds = bucket.typicals.get(choice.path) or bucket.typical(choice.path)
                 if seconds != math.inf:
                     (self._ledgers.get(key) or self._ledger(key)).total += seconds

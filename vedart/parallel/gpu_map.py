@@ -12,8 +12,10 @@ Per item, in input order, on the thread that drives the pipeline:
    waiting for each drained them (H100, 2026-11-25: 46 ms a pipeline of 64 matrices, against
    25 ms under the static rule); while one of their CPU items runs, the next items are
    decided under ``rechecks_deferred`` (the settled path, untimed; the re-check goes on
-   after it), so no GPU item is timed beside a CPU item (all cores in NumPy's BLAS), which
-   would time that item's interference as much as its own.
+   after it). No timed item starts beside a timed CPU item (all cores in NumPy's BLAS),
+   which would time that item's interference as much as its own: one decided meanwhile (a
+   new size's exploration) waits for it, and a timed CPU item waits for the timed items on
+   the lanes (a CPU-settled size's re-check times the GPU first).
 2. CPU: the item joins a batch of consecutive CPU items, run on the worker pool
    ``chunk_size`` items per task: through the wrapper (its fast path), or, when the adaptive
    model chose the CPU, as the decided call itself (so a re-check of the CPU runs there and is
@@ -312,11 +314,13 @@ class GpuMapReader(ItemwiseReader):
         assert runtime.gpu
         self._engine = runtime.gpu.transfers
         self._cpu_items = _CpuItems()
-        # The latest item whose time the next decision waits for, and the latest item of a
-        # settled size's re-check timed on the CPU, which no decision waits for (see the
-        # module docstring).
+        # The latest item whose time the next decision waits for; the latest item of a
+        # settled size's re-check timed on the CPU, which decisions do not wait for but a timed
+        # item's start does; the timed items on lanes not known to have finished, which a
+        # timed CPU item's start waits for (see the module docstring).
         self._awaited: Task[Batch] | None = None
         self._rechecking: Task[Batch] | None = None
+        self._timed_on_lanes: list[Task[Batch]] = []
 
     def _fill(self) -> None:
         try:
@@ -328,7 +332,7 @@ class GpuMapReader(ItemwiseReader):
         if isinstance(item, ItemFailure):
             self._add_cpu(item, origin, 0)
             return
-        self._await_timing()
+        self._awaited = self._finished(self._awaited)
         lanes = self._lanes.devices[self._device] if self._device is not None \
             else self._lanes.least_loaded()
         if self._rechecking is not None and self._rechecking.wait(0):
@@ -342,6 +346,12 @@ class GpuMapReader(ItemwiseReader):
             return
         nbytes, decision = call.host_bytes, call.decision
         timed = decision.model == "adaptive" and decision.timed
+        if timed:  # starts beside no timed CPU item, and a timed CPU item beside no timed item
+            self._rechecking = self._finished(self._rechecking)
+            if decision.path == "cpu":
+                for task in self._timed_on_lanes:
+                    self._finished(task)
+                self._timed_on_lanes.clear()
         if decision.path == "cpu":
             flushed = self._add_cpu(item, origin, nbytes,
                                     call if decision.model == "adaptive" else None)
@@ -372,19 +382,23 @@ class GpuMapReader(ItemwiseReader):
             raise
         lanes.enqueue(work, nbytes)
         self._push(work.task)
+        if timed:
+            self._timed_on_lanes = [task for task in self._timed_on_lanes if not task.wait(0)]
+            self._timed_on_lanes.append(work.task)
         if decision.exploring:  # only the adaptive model explores, and it times what it does
             self._awaited = work.task
 
-    def _await_timing(self) -> None:
-        """Wait until the latest item whose time the next decision needs has run (and taught
-        the model its time); one still queued for a CPU worker runs here."""
-        task, self._awaited = self._awaited, None
+    @staticmethod
+    def _finished(task: Task[Batch] | None) -> None:
+        """Wait until ``task`` (if any) has run, and taught the model its time if it was timed;
+        one still queued for a CPU worker runs here. None, for the caller to forget it."""
         if task is None:
-            return
+            return None
         try:
             task.result()  # its own failure is the item's, delivered in order with the rest
         except CancelledError:  # shut down: awaiting the item in order reports it
             pass
+        return None
 
     def _stage(self, call: LaneCall) -> Task[None] | None:
         """Start copying the call's mid-size inputs into pinned memory, if it has any."""
