@@ -3,6 +3,7 @@ GPU attempt is replaced by one that raises a chosen exception (devices faked by 
 
 from __future__ import annotations
 
+import linecache
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -167,8 +168,10 @@ def test_a_lost_cuda_context_sends_every_later_call_to_the_cpu(
                in str(warning.message) for warning in caught)
     gpu = veda.get_runtime().gpu
     assert gpu is not None and not gpu.is_available()
+    line = double.__wrapped__.__code__.co_firstlineno
+    column = linecache.getline(__file__, line).index("x * 2") + 1  # two lambdas on the line
     expected = (f"no GPU: CUDARuntimeError: {CONTEXT_LOST} (in {__name__}."
-                f"{double.__qualname__} (line {double.__wrapped__.__code__.co_firstlineno})); "
+                f"{double.__qualname__} (line {line}, column {column})); "
                 "the CUDA context is lost for this process: restart "
                 "it to use the GPU")
     assert double.explain(x).reason == expected

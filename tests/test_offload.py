@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import linecache
 import pickle
 import threading
 import warnings
@@ -666,6 +667,22 @@ def test_report_keeps_lambdas_apart_and_shortens_long_names_in_the_middle(
     start, end = long_row[0].split("...")
     assert len(long_row[0]) == 60 and name.startswith(start) and name.endswith(end)
     assert len(end) > len(start) and long_row[1:3] == ["1", "0"]
+
+
+def test_report_keeps_two_lambdas_of_one_line_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    veda.init(veda.Config.builder().gpu(False).build())
+    doubled, shifted = veda.gpu(lambda x: x * 2), veda.gpu(lambda x: x + 1)
+    doubled(1), shifted(1), shifted(1)
+    line = doubled.__wrapped__.__code__.co_firstlineno  # type: ignore[attr-defined]
+    source = linecache.getline(__file__, line)
+    columns = [source.index("x * 2") + 1, source.index("x + 1") + 1]
+    assert [doubled.display_name, shifted.display_name] == [  # type: ignore[attr-defined]
+        f"{__name__}.{doubled.__qualname__} (line {line}, column {column})"
+        for column in columns]
+    veda.report()
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert sorted(row.split("<lambda>")[1].split()[:5] for row in rows if "<lambda>" in row) == [
+        ["(line", f"{line},", "column", f"{column})", calls] for column, calls in zip(columns, "12")]
 
 
 def test_report_says_no_call_yet_of_a_function_only_explained(

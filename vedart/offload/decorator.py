@@ -23,6 +23,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import linecache
 import sys
 import threading
 import time
@@ -201,12 +202,21 @@ def _qualified_name(func: Callable[..., Any]) -> str:
 
 
 def _display_name(func: Callable[..., Any], qualified_name: str) -> str:
-    """``qualified_name``, with its line for a lambda: lambdas of one scope share a qualified
-    name, and the report would count them as one function (two on one line still are)."""
+    """``qualified_name``, with its line for a lambda (lambdas of one scope share a qualified
+    name, and the report would count them as one function), and the column its body starts
+    at where its line holds another lambda."""
     if not qualified_name.endswith("<lambda>"):
         return qualified_name
     code = getattr(inspect.unwrap(_runs(func)), "__code__", None)
-    return qualified_name if code is None else f"{qualified_name} (line {code.co_firstlineno})"
+    if code is None:
+        return qualified_name
+    line = code.co_firstlineno
+    if linecache.getline(code.co_filename, line).count("lambda") < 2:
+        return f"{qualified_name} (line {line})"
+    column = min((start for first, _, start, _ in code.co_positions()
+                  if first == line and start), default=None)
+    where = f"line {line}" if column is None else f"line {line}, column {column + 1}"
+    return f"{qualified_name} ({where})"
 
 
 class _Offload:
@@ -893,7 +903,7 @@ def gpu(func: Callable[..., Any] | None = None, /, *, device: int | None = None,
     method; is safe to call from many threads; pickles by reference; and has
     ``explain(*args, **kwargs)`` returning the Decision a call would get, and
     ``display_name``, the name reasons, warnings and the report give it (module and
-    qualified name; a lambda's with its line).
+    qualified name; a lambda's with its line, and its column where the line holds two).
     """
     options = OffloadOptions.validated(device, threshold, force, fallback, writes, returns,
                                        idempotent, reach)
