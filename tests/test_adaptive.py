@@ -36,7 +36,7 @@ from vedart.offload.adaptive import (
     size_bucket,
     typical,
 )
-from vedart.offload.arguments import signature_of
+from vedart.offload.arguments import scan, signature_of
 from vedart.offload.profile import ProfileFile
 
 MB = 10**6
@@ -44,14 +44,14 @@ SIG = "<f4:1"
 
 
 def feed(model: AdaptiveModel, nbytes: int, times: dict[str, float], calls: int,
-         key: str = "f") -> list[str]:
+         key: str = "f", signature: str = SIG) -> list[str]:
     """Run ``calls`` decisions, answering each chosen path with its synthetic time where the
     model times the call (as @gpu does)."""
     chosen = []
     for _ in range(calls):
-        path, _, timed, _ = model.choose(key, SIG, nbytes)
+        path, _, timed, _ = model.choose(key, signature, nbytes)
         if timed:
-            model.observe(key, SIG, nbytes, path, times[path])
+            model.observe(key, signature, nbytes, path, times[path])
         chosen.append(path)
     return chosen
 
@@ -337,6 +337,20 @@ def test_persistence_round_trip(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".profile-*"))  # no temporary files left behind
 
 
+def test_huge_numbers_among_the_arguments_count_at_most_2_to_the_64() -> None:
+    """``f(2**1100)`` overflowed the model's work sizes after the call had run, and every
+    later call of ``f`` raised too."""
+    facts = scan((2**1100, 1e300, -(2**70)), {"k": np.float64(1e300)}, type(None),
+                 ("n", "x", "m"))
+    assert facts.signature == ";n~2^64,x~2^64,m~2^64,k~2^64"
+    model = AdaptiveModel()
+    for signature, cpu_s in ((";n~2^3,m~2^3", 1e-4), (";n~2^64,m~2^64", 2e-4)):
+        for _ in range(2 * EXPLORE_TRIES):
+            path = model.choose("f", signature, 0).path
+            model.observe("f", signature, 0, path, cpu_s if path == "cpu" else 1e-3)
+    assert model.choose("f", ";n~2^40,m~2^64", 0).path in ("cpu", "gpu")  # the fits read it
+
+
 def test_corrupted_profile_is_ignored_with_a_warning(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
     path.write_text("{not json")
@@ -357,6 +371,9 @@ GOOD_BUCKET = {"cpu": [[0.01, 1000]], "gpu": []}
     (None, {"f": {"<f8:1|20": {"gpu": []}}}, "not {'cpu': \\[...\\], 'gpu': \\[...\\]}"),
     (None, {"f": {"<f8:1|20": {"cpu": [[0.01]], "gpu": []}}}, "not \\[seconds, bytes\\]"),
     (None, {"f": {"<f8:1|20": {"cpu": [["1", 2]], "gpu": []}}}, "not \\[seconds, bytes\\]"),
+    (None, {"f": {";n~2^abc|0": GOOD_BUCKET}}, "whose numbers are not 'name~2\\^int,...'"),
+    (None, {"f": {";n|0": GOOD_BUCKET}}, "whose numbers are not"),
+    (None, {"f": {";n~2^5000|0": GOOD_BUCKET}}, "whose numbers are not"),
     ({"foo": 1.0}, {}, "its calibration is not positive numbers"),
     ({"cpu_bytes_per_s": 0}, {}, "its calibration is not positive numbers"),
     ({"cpu_bytes_per_s": None}, {}, "its calibration is not positive numbers"),
@@ -750,6 +767,25 @@ def test_cpu_ceiling_covers_sizes_settled_on_the_cpu_from_the_smallest_up() -> N
     assert model.cpu_ceiling("f") == 2 ** (size_bucket(1 * MB) + 1)
     feed(model, 64 * 1024, {"cpu": 1e-3, "gpu": 1e-5}, calls=2 * EXPLORE_TRIES)  # gpu below
     assert model.cpu_ceiling("f") == 0
+
+
+def test_cpu_ceiling_ends_below_a_size_with_a_signature_not_settled_on_the_cpu() -> None:
+    """Two signatures in one size bucket: the ceiling passes the bucket only when both are
+    settled on the CPU. Numbers among the arguments end it: a call's bytes do not tell its
+    work (monte_carlo_pi settled on the CPU at n = 10**4 ran n = 10**7 on the CPU too)."""
+    model = AdaptiveModel()
+    small, large = ";n~2^13", ";n~2^24"
+    for signature, times in ((small, {"cpu": 1e-5, "gpu": 1e-3}),
+                             (large, {"cpu": 2e-2, "gpu": 1e-3})):
+        for _ in range(2 * EXPLORE_TRIES):
+            path = model.choose("f", signature, 0).path
+            model.observe("f", signature, 0, path, times[path])
+    assert model.choose("f", large, 0).path == "gpu" and model.cpu_ceiling("f") == 0
+    for nbytes in (256 * 1024, 1 * MB):  # a CPU-settled size with two signatures, one on GPU
+        feed(model, nbytes, {"cpu": 1e-5, "gpu": 1e-3}, calls=2 * EXPLORE_TRIES, key="g")
+    feed(model, 1 * MB, {"cpu": 1e-2, "gpu": 1e-3}, calls=2 * EXPLORE_TRIES, key="g",
+         signature="<f8:1")
+    assert model.cpu_ceiling("g") == 2 ** (size_bucket(256 * 1024) + 1)
 
 
 def test_revision_changes_only_when_a_choice_may_change() -> None:

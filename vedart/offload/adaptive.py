@@ -44,6 +44,7 @@ of buckets settled from it say ``from profile``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import marshal
 import math
 import threading
@@ -173,6 +174,9 @@ def size_bucket(nbytes: int) -> int:
 
 
 SCALARS = ";"  # separates a signature's arrays from its scalar parts ("<f4:1;n~2^24")
+# A work size's scalar factor is at most 2 to this (many large numbers among the arguments):
+# fits square the sizes, which must stay finite floats.
+WORK_EXPONENT_MOST = 256
 
 
 def family(signature: str) -> str:
@@ -191,7 +195,7 @@ def work_size(signature: str, nbytes: float) -> float:
     if not scalars:
         return nbytes
     exponent = sum(int(part.rsplit("^", 1)[1]) for part in scalars.split(","))
-    return max(nbytes, 1.0) * 2.0 ** exponent
+    return max(nbytes, 1.0) * 2.0 ** min(exponent, WORK_EXPONENT_MOST)
 
 
 def describe(signature: str, nbytes: int) -> str:
@@ -504,18 +508,23 @@ class AdaptiveModel:
 
     def cpu_ceiling(self, key: str) -> int:
         """Bytes below which every size this function has been seen at is settled on the CPU
-        (explored, and the CPU won): calls below it can skip the model. 0 when none is."""
+        (explored, and the CPU won): calls below it can skip the model. 0 when none is. A
+        size of a signature with numbers among its arguments ends it: bytes do not tell that
+        call's work (``f(10**4)`` settled on the CPU says nothing of ``f(10**7)``)."""
         ceiling = 0
         with self._lock:
             buckets = sorted((int(name.rsplit("|", 1)[1]), name.rsplit("|", 1)[0])
                              for name, samples in self._data["functions"].get(key, {}).items()
                              if samples["cpu"] or samples["gpu"])
-            for bucket, signature in buckets:
-                (path, *_), settled = self._bucket_choice(  # bucket 0 holds 0 and 1 byte
-                    self._bucket((key, signature, bucket)), key, signature,
-                    2**bucket if bucket else 0)
-                if path != "cpu" or not settled:
-                    break
+            for bucket, sizes in itertools.groupby(buckets, key=lambda size: size[0]):
+                for _, signature in sizes:  # every signature of the size, or none
+                    if SCALARS in signature:
+                        return ceiling
+                    (path, *_), settled = self._bucket_choice(  # bucket 0: 0 and 1 byte
+                        self._bucket((key, signature, bucket)), key, signature,
+                        2**bucket if bucket else 0)
+                    if path != "cpu" or not settled:
+                        return ceiling
                 ceiling = 2 ** (bucket + 1)
         return ceiling
 

@@ -203,17 +203,23 @@ def signature_of(arrays: list[np.ndarray]) -> str:
 _NUMBERS = (int, float, np.integer, np.floating)
 
 
+# Magnitudes above this count as this: no call's work grows with a number that large, and a
+# work size of 2**1100 overflowed the cost model's floats (``f(2**1100)`` raised, then every
+# call of ``f`` did).
+MAGNITUDE_MOST = 64
+
+
 def magnitude(value: Any) -> int | None:
-    """``floor(log2(|value|))`` (0 below 2) of a number that may size work, else None (bools,
-    non-finite floats, anything not an int or float)."""
+    """``floor(log2(|value|))`` (0 below 2, at most ``MAGNITUDE_MOST``) of a number that may
+    size work, else None (bools, non-finite floats, anything not an int or float)."""
     if not isinstance(value, _NUMBERS) or isinstance(value, (bool, np.bool_)):
         return None
     if isinstance(value, (int, np.integer)):
-        return max(abs(int(value)).bit_length() - 1, 0)
+        return min(max(abs(int(value)).bit_length() - 1, 0), MAGNITUDE_MOST)
     value = float(value)
     if not math.isfinite(value):
         return None
-    return max(math.frexp(abs(value))[1] - 1, 0)
+    return min(max(math.frexp(abs(value))[1] - 1, 0), MAGNITUDE_MOST)
 
 
 class ArgumentFacts:
@@ -265,7 +271,7 @@ def scan(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type,
             facts.host_bytes += value.nbytes
         elif kind is int:
             facts.scalars.append((names[position] if position < len(names) else f"arg{position}",
-                                  max(abs(value).bit_length() - 1, 0)))
+                                  min(max(abs(value).bit_length() - 1, 0), MAGNITUDE_MOST)))
         elif not _scalar(facts, names[position] if position < len(names) else f"arg{position}",
                          value):
             _collect(value, device_type, CONTAINER_DEPTH, facts)

@@ -37,6 +37,8 @@ from vedart.config import finite_float
 FORMAT_VERSION = 1
 KEEP_DAYS = 90  # a function no process has used for this long is dropped at the next save
 _BUCKET = re.compile(r"[0-9]+")  # a size bucket's number (ASCII digits: "2".isdigit() too)
+# A signature's numbers: ";name~2^k,name~2^k" after its arrays, k at most three digits.
+_SCALAR_PARTS = re.compile(r"[^;,~|]+~2\^[0-9]{1,3}(,[^;,~|]+~2\^[0-9]{1,3})*")
 
 
 def cpu_model() -> str:
@@ -127,6 +129,10 @@ def profile_problem(data: Any, calibration_fields: frozenset[str]) -> str | None
             signature, _, bucket = name.rpartition("|")
             if not signature or _BUCKET.fullmatch(bucket) is None:
                 return f"function {key!r} has a bucket named {name!r}, not 'signature|int'"
+            _, semicolon, scalars = signature.partition(";")
+            if semicolon and _SCALAR_PARTS.fullmatch(scalars) is None:
+                return (f"function {key!r} has a bucket named {name!r}, whose numbers are not "
+                        f"'name~2^int,...'")
             problem = _samples_problem(samples)
             if problem is not None:
                 return f"function {key!r}, bucket {name!r}: {problem}"
