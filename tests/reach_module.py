@@ -179,3 +179,14 @@ class Scaled(Layer):
 def uses_super(x: Any) -> Any:
     layer = Scaled.sized(len(x))
     return layer.forward(x), layer.weights
+
+
+make = np.zeros  # a NumPy function bound to a module name, which tests rebind
+
+
+def makes_through_a_module_name(n: int) -> Any:
+    return make(n)
+
+
+def calls_a_maker(n: int) -> Any:
+    return makes_through_a_module_name(n)

@@ -18,7 +18,13 @@ import vedart as veda
 from vedart.offload import substitute
 from vedart.offload.arguments import map_arrays
 from vedart.offload.results import results_to_host
-from vedart.offload.substitute import ModuleMapper, Reach, device_clone, helper_of
+from vedart.offload.substitute import (
+    ModuleMapper,
+    Reach,
+    clone_is_current,
+    device_clone,
+    helper_of,
+)
 from vedart.telemetry import CallRecord, Telemetry
 
 RECORDING = ModuleMapper({"numpy": "recording_numpy"})
@@ -173,6 +179,22 @@ def test_clones_are_remade_when_defaults_or_a_class_method_change(
     made = type(clone(x))
     monkeypatch.setattr(rm.Model, "fits", 1, raising=False)  # not a method: no new class
     assert type(clone(x)) is made
+
+
+def test_clones_are_remade_when_their_module_rebinds_a_name_they_substitute(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``make = np.zeros`` rebound (as ``mock.patch`` does) after a clone was made: the clone
+    ran the device twin of the old value, a silently different answer."""
+    clone, _ = reaching(rm.calls_a_maker)
+    own = device_clone(rm.makes_through_a_module_name, RECORDING)
+    np.testing.assert_array_equal(clone(2), np.zeros(2))
+    assert clone_is_current(own) and routed() == 1
+    monkeypatch.setattr(rm, "make", np.ones)
+    np.testing.assert_array_equal(clone(2), np.ones(2))  # the helper was made again
+    assert not clone_is_current(own)
+    assert clone_is_current(device_clone(rm.makes_through_a_module_name, RECORDING))
+    monkeypatch.setattr(rm, "make", lambda n: np.full(n, 3.0))
+    np.testing.assert_array_equal(clone(2), np.full(2, 3.0))
 
 
 def test_another_gpu_function_is_called_through_its_wrapper_not_cloned() -> None:

@@ -89,6 +89,7 @@ from vedart.offload.substitute import (
     DEVICE_PACKAGES,
     ModuleMapper,
     Reach,
+    clone_is_current,
     device_clone,
     helper_of,
 )
@@ -450,11 +451,15 @@ class _Offload:
         return result
 
     def _device_function(self) -> Callable[..., Any]:
-        if self._clone is None:
+        """The function's device clone, made again when its module has rebound a name it
+        substituted since (a stale clone would run the device twin of the old value)."""
+        clone = self._clone
+        if clone is None or not clone_is_current(clone):
             mapper = _device_mapper()
-            self.reach = Reach.of(self.func, mapper) if self.options.reach else None
-            self._clone = device_clone(self.func, mapper, self.reach)
-        return self._clone
+            if self.reach is None and self.options.reach:
+                self.reach = Reach.of(self.func, mapper)
+            clone = self._clone = device_clone(self.func, mapper, self.reach)
+        return clone
 
     def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any],
                uploads: bool = True) -> _Launch:
@@ -467,7 +472,7 @@ class _Offload:
         ``uploads=False``: the arguments hold no host input, and are not walked."""
         import cupy
 
-        device_function = self._clone or self._device_function()
+        device_function = self._device_function()
         if cupy.cuda.runtime.getDevice() != device:
             with cupy.cuda.Device(device):
                 return self.launch(device, args, kwargs, uploads)

@@ -429,14 +429,27 @@ class _CloneGlobals(dict):  # type: ignore[type-arg]
     """Clone globals: substituted names are stored; every other name is read live from the
     function's real module globals (CPython consults ``__missing__`` for non-exact dicts),
     through ``reach`` (a helper function or class it reaches is a device clone) when given.
-    ``depth``: how many calls below the decorated function the clone runs (0: itself)."""
+    ``depth``: how many calls below the decorated function the clone runs (0: itself).
+    ``sources``: (name, the module's value it was substituted for), which :meth:`current`
+    checks are still the module's."""
 
     def __init__(self, substituted: dict[str, Any], module_globals: dict[str, Any],
-                 reach: Reach | None, depth: int) -> None:
+                 reach: Reach | None, depth: int, sources: tuple[tuple[str, Any], ...]) -> None:
         super().__init__(substituted)
         self._module_globals = module_globals
         self.reach = reach
         self.depth = depth
+        self._sources = sources
+
+    def current(self) -> bool:
+        """Whether every substituted name is still bound in the module to what it was
+        substituted for (``mod.maker = my_ones`` or ``mock.patch("mod.np", ...)`` since makes
+        the clone stale: it would run the device twin of the old value)."""
+        module_globals = self._module_globals
+        for name, value in self._sources:
+            if module_globals.get(name, _MISSING) is not value:
+                return False
+        return True
 
     def __missing__(self, name: str) -> Any:
         value = self._module_globals.get(name, _MISSING)
@@ -581,7 +594,8 @@ class Reach:
         ``depth`` calls deep: the device clone of a reached function, the device class of a
         reached class, a reached module seen through this Reach, else ``value``."""
         known = self._known.get(value)  # without the lock: clones read globals often
-        if known is not None and (known[1] is None or known[1] == _made_from(value)):
+        if known is not None and (known[1] is None or (known[1] == _made_from(value)
+                                                       and clone_is_current(known[0]))):
             return known[0]
         if depth > REACH_DEPTH:
             return value
@@ -736,21 +750,32 @@ def _clone_function(func: types.FunctionType, mapper: ModuleMapper,
     module_globals = func.__globals__
     names = {name for code in _code_objects(func.__code__) for name in code.co_names}
     substituted: dict[str, Any] = {"__builtins__": hooked_builtins}
+    sources = []
     for name in names & module_globals.keys():
         value = module_globals[name]
         twin = mapper.twin_of_value(value)
         if twin is not value:
             substituted[name] = twin
+            sources.append((name, value))
     for key in ("__name__", "__package__", "__spec__", "__file__"):
         if key in module_globals:
             substituted[key] = module_globals[key]
     clone = types.FunctionType(func.__code__, _CloneGlobals(substituted, module_globals, reach,
-                                                            depth),
+                                                            depth, tuple(sources)),
                                func.__name__, func.__defaults__, func.__closure__)
     clone.__kwdefaults__ = func.__kwdefaults__
     clone.__qualname__ = func.__qualname__
     clone.__module__ = func.__module__
     return clone
+
+
+def clone_is_current(clone: Any) -> bool:
+    """Whether ``clone`` (a device clone, a bound method or partial of one, or anything
+    else) still substitutes what its module binds (:meth:`_CloneGlobals.current`)."""
+    while isinstance(clone, (types.MethodType, functools.partial)):
+        clone = clone.__func__ if isinstance(clone, types.MethodType) else clone.func
+    clone_globals = getattr(clone, "__globals__", None)
+    return not isinstance(clone_globals, _CloneGlobals) or clone_globals.current()
 
 
 def device_clone(func: Callable[..., Any], mapper: ModuleMapper,
