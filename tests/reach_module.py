@@ -3,6 +3,7 @@ make arrays, functions calling each other, a class whose methods make arrays."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -190,3 +191,37 @@ def makes_through_a_module_name(n: int) -> Any:
 
 def calls_a_maker(n: int) -> Any:
     return makes_through_a_module_name(n)
+
+
+@dataclasses.dataclass
+class Settings:
+    scale: float = 1.0
+
+    def ramp(self, n: int) -> Any:
+        return np.zeros(n) + self.scale
+
+
+DEFAULT_SETTINGS = Settings()  # made outside any call
+
+
+def compares_settings(n: int) -> Any:
+    settings = Settings()  # made in the call: an object of the device class there
+    return settings.ramp(n) * (2.0 if settings == DEFAULT_SETTINGS else 3.0)
+
+
+class Counted:
+    made = 0
+
+    def __init__(self) -> None:
+        type(self).count()
+
+    @classmethod
+    def count(cls) -> None:
+        cls.made += 1
+
+    def zeros(self, n: int) -> Any:
+        return np.zeros(n)
+
+
+def makes_a_counted(n: int) -> Any:
+    return Counted().zeros(n)

@@ -197,6 +197,27 @@ def test_clones_are_remade_when_their_module_rebinds_a_name_they_substitute(
     np.testing.assert_array_equal(clone(2), np.full(2, 3.0))
 
 
+def test_objects_made_in_the_call_compare_as_their_class_does() -> None:
+    """A dataclass's ``==`` compares ``__class__``: an object of the device class made in the
+    call was unequal to an equal object made outside it, and the clone answered 3x where
+    NumPy's function answered 2x."""
+    clone, _ = reaching(rm.compares_settings)
+    np.testing.assert_array_equal(clone(2), rm.compares_settings(2))
+    np.testing.assert_array_equal(clone(2), np.full(2, 2.0))
+    assert routed() == 2  # ramp ran as a clone each time
+
+
+def test_class_state_written_in_the_call_goes_to_the_class(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rm.Counted, "made", 0)
+    clone, _ = reaching(rm.makes_a_counted)
+    clone(2), clone(2)
+    rm.makes_a_counted(2)
+    assert rm.Counted.made == 3 and routed() == 2
+    device_class = type(clone.__globals__["Counted"]())  # read as the clone reads it
+    assert device_class is not rm.Counted and "made" not in vars(device_class)
+
+
 def test_another_gpu_function_is_called_through_its_wrapper_not_cloned() -> None:
     clone, reach = reaching(rm.calls_a_gpu_function)
     np.testing.assert_array_equal(clone(3), rm.calls_a_gpu_function(3))

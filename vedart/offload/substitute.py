@@ -83,7 +83,7 @@ _METHOD_TYPES = (types.FunctionType, staticmethod, classmethod, property)
 _REACHABLE = (types.FunctionType, type, types.ModuleType)
 # Class attributes a device class never copies from its host's classes.
 _CLASS_MACHINERY = frozenset({"__dict__", "__weakref__", "__slots__", "__module__",
-                              "__qualname__", "__doc__", HOST_CLASS})
+                              "__qualname__", "__doc__", "__class__", HOST_CLASS})
 
 
 class ModuleMapper:
@@ -463,15 +463,45 @@ class _CloneGlobals(dict):  # type: ignore[type-arg]
         return self.reach.device_value(value, self.depth + 1)
 
 
+_READY = "__vedart_device_class_ready__"  # set on a device class once it is made
+
+
 class _DeviceClass(type):
     """The metaclass of device classes: instances and subclasses of the host class count as
-    theirs, so ``isinstance(model, Model)`` in a clone holds for a model made outside it."""
+    theirs, so ``isinstance(model, Model)`` in a clone holds for a model made outside it; and
+    class state written through a device class once it is made (``cls.count += 1`` in a
+    class method) goes to the host class, as the call on the CPU writes it (dunder names,
+    which class creation and ``abc`` write, stay on the device class)."""
 
     def __instancecheck__(cls, instance: Any) -> bool:
         return isinstance(instance, getattr(cls, HOST_CLASS))
 
     def __subclasscheck__(cls, subclass: type) -> bool:
         return issubclass(subclass, getattr(cls, HOST_CLASS))
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        if _READY in vars(cls) and not (name.startswith("__") and name.endswith("__")):
+            setattr(vars(cls)[HOST_CLASS], name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def __delattr__(cls, name: str) -> None:
+        if _READY in vars(cls) and not (name.startswith("__") and name.endswith("__")):
+            delattr(vars(cls)[HOST_CLASS], name)
+        else:
+            super().__delattr__(name)
+
+
+_OBJECT_CLASS = vars(object)["__class__"]  # the descriptor behind every object's __class__
+
+
+def _host_class_of(host: type) -> property:
+    """A device class's ``__class__``: its objects answer ``host`` (a dataclass's ``__eq__``
+    compares ``other.__class__ is self.__class__``, which a device object made in the call
+    and a host object made outside it failed: ``C() == D`` was False on the GPU path),
+    while ``type(obj)`` stays the device class, whose methods run. Setting it sets the
+    object's class (results leave the call so)."""
+    return property(lambda self: host, _OBJECT_CLASS.__set__)
 
 
 class _DeviceABCClass(_DeviceClass, abc.ABCMeta):
@@ -660,7 +690,7 @@ class Reach:
         namespace: dict[str, Any] = {"__module__": host.__module__,
                                      "__qualname__": host.__qualname__,
                                      "__doc__": host.__doc__, "__slots__": (),
-                                     HOST_CLASS: host}
+                                     "__class__": _host_class_of(host), HOST_CLASS: host}
         for klass in host.__mro__:
             if klass is object or not self._reaches(klass):
                 continue
@@ -670,7 +700,9 @@ class Reach:
                     if cloned is not attribute:
                         namespace[name] = cloned
         metaclass = _DeviceClass if type(host) is type else _DeviceABCClass
-        return metaclass(host.__name__, (host,), namespace)
+        device = metaclass(host.__name__, (host,), namespace)
+        type.__setattr__(device, _READY, True)
+        return device
 
     def _super(self, *args: Any) -> Any:
         """``super`` as clones see it: what the real one finds, except that a method of a
