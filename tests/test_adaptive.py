@@ -337,18 +337,49 @@ def test_persistence_round_trip(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".profile-*"))  # no temporary files left behind
 
 
+def test_numbers_given_in_any_keyword_order_are_one_bucket_and_long_times_read_in_s() -> None:
+    signatures = {scan(args, kwargs, type(None), ("rows", "cols")).signature for args, kwargs in
+                  (((), {"rows": 4096, "cols": 64}), ((), {"cols": 64, "rows": 4096}),
+                   ((4096,), {"cols": 64}), ((4096, 64), {}))}
+    assert signatures == {";cols~2^6,rows~2^12"}
+    model = AdaptiveModel()
+    for _ in range(2 * EXPLORE_TRIES):
+        path = model.choose("f", ";n~2^26", 0).path
+        model.observe("f", ";n~2^26", 0, path, 3.0 if path == "cpu" else 0.0033)
+    assert model.choose("f", ";n~2^26", 0).reason.startswith("adaptive: gpu 3.3 ms vs cpu 3 s")
+
+
 def test_huge_numbers_among_the_arguments_count_at_most_2_to_the_64() -> None:
     """``f(2**1100)`` overflowed the model's work sizes after the call had run, and every
     later call of ``f`` raised too."""
     facts = scan((2**1100, 1e300, -(2**70)), {"k": np.float64(1e300)}, type(None),
                  ("n", "x", "m"))
-    assert facts.signature == ";n~2^64,x~2^64,m~2^64,k~2^64"
+    assert facts.signature == ";k~2^64,m~2^64,n~2^64,x~2^64"
     model = AdaptiveModel()
     for signature, cpu_s in ((";n~2^3,m~2^3", 1e-4), (";n~2^64,m~2^64", 2e-4)):
         for _ in range(2 * EXPLORE_TRIES):
             path = model.choose("f", signature, 0).path
             model.observe("f", signature, 0, path, cpu_s if path == "cpu" else 1e-3)
     assert model.choose("f", ";n~2^40,m~2^64", 0).path in ("cpu", "gpu")  # the fits read it
+
+
+def test_one_gpu_time_at_a_small_number_is_not_scaled_up_to_a_large_one() -> None:
+    """A GPU call of n = 2**15 is launch-bound (1 ms): scaled with n, it predicted 512 ms at
+    n = 2**24, and 44 of 300 such calls ran on the CPU at 168 ms against 1.2 ms."""
+    model = AdaptiveModel()
+    cpu, gpu = (lambda n: 10e-9 * n), (lambda n: 1e-3 + 0.01e-9 * n)
+    woken, paths = False, []
+    for n in [2**21, 2**21, 2**15] + [2**24] * 100:
+        signature = f";n~2^{n.bit_length() - 1}"
+        choice = model.choose("f", signature, 0)
+        paths.append(choice.path)
+        if choice.timed and choice.path == "gpu" and not woken:
+            woken = True
+            model.woke("f", signature, 0, "gpu")
+        elif choice.timed:
+            model.observe("f", signature, 0, choice.path, (cpu if choice.path == "cpu"
+                                                           else gpu)(n))
+    assert paths[3:].count("cpu") <= 1, paths
 
 
 def test_corrupted_profile_is_ignored_with_a_warning(tmp_path: Path) -> None:

@@ -240,13 +240,16 @@ class ArgumentFacts:
 
     @property
     def signature(self) -> str:
-        """:func:`signature_of` the host arrays, then ``;name~2^k`` parts for the scalars
-        (computed once: the adaptive model reads it when deciding and again when learning)."""
+        """:func:`signature_of` the host arrays, then ``;name~2^k`` parts for the scalars in
+        the order of their names (``f(rows=4096, cols=64)`` and ``f(cols=64, rows=4096)`` are
+        one bucket; computed once: the adaptive model reads it when deciding and again when
+        learning)."""
         signature = self._signature
         if signature is None:
             signature = signature_of(self.host_arrays) if self.host_arrays else ""
             if self.scalars:
-                scalars = tuple(self.scalars)
+                scalars = tuple(self.scalars) if len(self.scalars) == 1 else \
+                    tuple(sorted(self.scalars))
                 part = _SCALAR_PARTS.get(scalars)
                 if part is None:
                     part = ";" + ",".join(f"{name}~2^{bits}" for name, bits in scalars)
