@@ -4,11 +4,13 @@ make arrays, functions calling each other, a class whose methods make arrays."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
 
 import reach_module as rm_alias  # the module itself, as user code imports its siblings
+import reach_package
 import vedart as veda
 
 calls_made = 0
@@ -225,3 +227,43 @@ class Counted:
 
 def makes_a_counted(n: int) -> Any:
     return Counted().zeros(n)
+
+
+def through_a_package(n: int) -> Any:
+    return reach_package.ramp(n)
+
+
+def makes_with_a_default(n: int, make: Any = np.zeros) -> Any:
+    return make(n)
+
+
+def logged(func: Any) -> Any:
+    """A decorator as libraries write them: the wrapper closes over the helper."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+@logged
+def decorated_helper(n: int) -> Any:
+    return np.zeros(n)
+
+
+def calls_a_decorated_helper(n: int) -> Any:
+    return decorated_helper(n)
+
+
+class Cached:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @functools.cached_property
+    def zeros(self) -> Any:
+        return np.zeros(self.n)
+
+
+def reads_a_cached_property(n: int) -> Any:
+    return Cached(n).zeros

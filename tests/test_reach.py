@@ -218,6 +218,19 @@ def test_class_state_written_in_the_call_goes_to_the_class(
     assert device_class is not rm.Counted and "made" not in vars(device_class)
 
 
+@pytest.mark.parametrize("function", [
+    rm.through_a_package,  # a package re-exporting a helper of a submodule that binds NumPy
+    rm.makes_with_a_default,  # a NumPy function as a default
+    rm.calls_a_decorated_helper,  # a helper a decorator's wrapper closes over
+    rm.reads_a_cached_property,  # a functools.cached_property
+])
+def test_helpers_reached_through_packages_defaults_closures_and_cached_properties(
+        function: Any) -> None:
+    clone, _ = reaching(function)
+    np.testing.assert_array_equal(clone(3), function(3))
+    assert routed() == 1  # the helper made its zeros on the "device"
+
+
 def test_another_gpu_function_is_called_through_its_wrapper_not_cloned() -> None:
     clone, reach = reaching(rm.calls_a_gpu_function)
     np.testing.assert_array_equal(clone(3), rm.calls_a_gpu_function(3))

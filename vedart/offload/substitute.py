@@ -78,7 +78,8 @@ _NEVER_REACHED = frozenset({"builtins", "cupy", "cupyx", "vedart", "numba", "das
 _USER_CODE_IN_VEDART = frozenset({"vedart.demo", "vedart.bench.workloads"})
 _PLAIN_METACLASSES = (type, abc.ABCMeta)
 # Class attributes a device class holds clones of (see :meth:`Reach._clone_attribute`).
-_METHOD_TYPES = (types.FunctionType, staticmethod, classmethod, property)
+_METHOD_TYPES = (types.FunctionType, staticmethod, classmethod, property,
+                 functools.cached_property)
 # What a name may be bound to for a clone to see it otherwise: a function, a class, a module.
 _REACHABLE = (types.FunctionType, type, types.ModuleType)
 # Class attributes a device class never copies from its host's classes.
@@ -605,7 +606,7 @@ class Reach:
         # None for a value seen as it is): made again when that changes)
         self._known: dict[Any, tuple[Any, tuple[Any, ...] | None]] = {}
         self._clones = 0  # helper functions cloned
-        self._binds_numpy: dict[str, bool] = {}
+        self._binds_numpy: dict[tuple[str, bool], bool] = {}
         # The qualified names of the helper functions and classes that ran as clones.
         self.names: tuple[str, ...] = ()
 
@@ -673,14 +674,21 @@ class Reach:
             return False
         return root == self._home_package or self._module_binds_numpy(module)
 
-    def _module_binds_numpy(self, name: str) -> bool:
-        known = self._binds_numpy.get(name)
+    def _module_binds_numpy(self, name: str, reexports: bool = True) -> bool:
+        """Whether module ``name`` binds NumPy or SciPy names, or, with ``reexports``, a
+        function or class of another module that does (a package's ``__init__`` that
+        imports its helpers from its submodules: ``lib.h`` where ``h`` is ``lib.core``'s)."""
+        known = self._binds_numpy.get((name, reexports))
         if known is None:
             module = sys.modules.get(name)
-            known = module is not None and any(
-                self._mapper.twin_of_value(value) is not value
-                for value in list(vars(module).values()))
-            self._binds_numpy[name] = known
+            values = list(vars(module).values()) if module is not None else []
+            known = any(self._mapper.twin_of_value(value) is not value for value in values) \
+                or reexports and any(
+                    isinstance(value, (types.FunctionType, type))
+                    and isinstance(home := getattr(value, "__module__", None), str)
+                    and home != name and self._module_binds_numpy(home, reexports=False)
+                    for value in values)
+            self._binds_numpy[name, reexports] = known
         return known
 
     def _device_class(self, host: type, depth: int) -> type:
@@ -745,6 +753,11 @@ class Reach:
                      else self.clone(part, depth)
                      for part in (attribute.fget, attribute.fset, attribute.fdel)]
             return property(*parts, doc=attribute.__doc__)
+        if type(attribute) is functools.cached_property and \
+                type(attribute.func) is types.FunctionType:
+            cached = functools.cached_property(self.clone(attribute.func, depth))
+            cached.attrname = attribute.attrname  # what __set_name__ gave the original
+            return cached
         return attribute
 
 
@@ -792,10 +805,32 @@ def _clone_function(func: types.FunctionType, mapper: ModuleMapper,
     for key in ("__name__", "__package__", "__spec__", "__file__"):
         if key in module_globals:
             substituted[key] = module_globals[key]
+
+    def device(value: Any) -> Any:
+        """What a default or a closure's function means in the clone: a NumPy function's
+        twin (``make=np.zeros``), a reached helper's clone (the function a decorator's
+        wrapper closes over), else ``value``."""
+        twin = mapper.twin_of_value(value)
+        if twin is not value or reach is None or not isinstance(value, (types.FunctionType,
+                                                                         type)):
+            return twin
+        return reach.device_value(value, depth + 1)
+
+    defaults = None if func.__defaults__ is None else tuple(map(device, func.__defaults__))
+    closure = func.__closure__
+    if closure is not None:
+        # Only cells holding functions and classes get cells of their own (a nonlocal that
+        # the code rebinds holds data, and must stay shared with its scope), never the
+        # compiler's __class__ (super() starts after the class the method was defined in).
+        closure = tuple(cell if name == "__class__" or not isinstance(
+                            contents := _cell_contents(cell), (types.FunctionType, type))
+                        or (twin := device(contents)) is contents else types.CellType(twin)
+                        for name, cell in zip(func.__code__.co_freevars, closure))
     clone = types.FunctionType(func.__code__, _CloneGlobals(substituted, module_globals, reach,
                                                             depth, tuple(sources)),
-                               func.__name__, func.__defaults__, func.__closure__)
-    clone.__kwdefaults__ = func.__kwdefaults__
+                               func.__name__, defaults, closure)
+    clone.__kwdefaults__ = None if func.__kwdefaults__ is None else {
+        name: device(value) for name, value in func.__kwdefaults__.items()}
     clone.__qualname__ = func.__qualname__
     clone.__module__ = func.__module__
     return clone
@@ -808,6 +843,13 @@ def clone_is_current(clone: Any) -> bool:
         clone = clone.__func__ if isinstance(clone, types.MethodType) else clone.func
     clone_globals = getattr(clone, "__globals__", None)
     return not isinstance(clone_globals, _CloneGlobals) or clone_globals.current()
+
+
+def _cell_contents(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not filled yet (a name the enclosing scope binds later)
+        return None
 
 
 def device_clone(func: Callable[..., Any], mapper: ModuleMapper,
