@@ -233,29 +233,6 @@ def through_a_package(n: int) -> Any:
     return reach_package.ramp(n)
 
 
-def makes_with_a_default(n: int, make: Any = np.zeros) -> Any:
-    return make(n)
-
-
-def logged(func: Any) -> Any:
-    """A decorator as libraries write them: the wrapper closes over the helper."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    return wrapper
-
-
-@logged
-def decorated_helper(n: int) -> Any:
-    return np.zeros(n)
-
-
-def calls_a_decorated_helper(n: int) -> Any:
-    return decorated_helper(n)
-
-
 class Cached:
     def __init__(self, n: int) -> None:
         self.n = n
@@ -267,3 +244,12 @@ class Cached:
 
 def reads_a_cached_property(n: int) -> Any:
     return Cached(n).zeros
+
+
+def subclasses_in_the_call(n: int) -> Any:
+    @dataclasses.dataclass
+    class Tuned(Settings):  # a subclass of the device class, in a clone
+        extra: float = 2.0
+
+    made = Tuned()
+    return made.ramp(n) * made.extra, repr(made), made.__class__ is Tuned

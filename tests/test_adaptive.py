@@ -347,6 +347,8 @@ def test_numbers_given_in_any_keyword_order_are_one_bucket_and_long_times_read_i
         path = model.choose("f", ";n~2^26", 0).path
         model.observe("f", ";n~2^26", 0, path, 3.0 if path == "cpu" else 0.0033)
     assert model.choose("f", ";n~2^26", 0).reason.startswith("adaptive: gpu 3.3 ms vs cpu 3 s")
+    assert [adaptive._ms(seconds) for seconds in (0.000675, 0.326, 0.9996, 3.14)] == [
+        "0.675 ms", "326 ms", "1 s", "3.14 s"]
 
 
 def test_huge_numbers_among_the_arguments_count_at_most_2_to_the_64() -> None:

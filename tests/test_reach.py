@@ -207,6 +207,16 @@ def test_objects_made_in_the_call_compare_as_their_class_does() -> None:
     assert routed() == 2  # ramp ran as a clone each time
 
 
+def test_a_subclass_defined_in_the_call_answers_its_own_class() -> None:
+    clone, _ = reaching(rm.subclasses_in_the_call)
+    values, text, own = clone(2)
+    expected_values, expected_text, expected_own = rm.subclasses_in_the_call(2)
+    np.testing.assert_array_equal(values, expected_values)
+    assert (text, own) == (expected_text, expected_own) == (
+        "subclasses_in_the_call.<locals>.Tuned(scale=1.0, extra=2.0)", True)
+    assert routed() == 1  # ramp, inherited from the device class, ran as a clone
+
+
 def test_class_state_written_in_the_call_goes_to_the_class(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rm.Counted, "made", 0)
@@ -220,12 +230,9 @@ def test_class_state_written_in_the_call_goes_to_the_class(
 
 @pytest.mark.parametrize("function", [
     rm.through_a_package,  # a package re-exporting a helper of a submodule that binds NumPy
-    rm.makes_with_a_default,  # a NumPy function as a default
-    rm.calls_a_decorated_helper,  # a helper a decorator's wrapper closes over
     rm.reads_a_cached_property,  # a functools.cached_property
 ])
-def test_helpers_reached_through_packages_defaults_closures_and_cached_properties(
-        function: Any) -> None:
+def test_helpers_reached_through_packages_and_cached_properties(function: Any) -> None:
     clone, _ = reaching(function)
     np.testing.assert_array_equal(clone(3), function(3))
     assert routed() == 1  # the helper made its zeros on the "device"

@@ -137,7 +137,7 @@ CALIBRATION_FIELDS = frozenset(each.name for each in fields(Calibration))
 
 def _ms(seconds: float) -> str:
     """``seconds`` for reasons: ``0.675 ms``, ``326 ms``, ``3.1 s``."""
-    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.3g} s" if seconds >= 0.9995 else f"{seconds * 1e3:.3g} ms"
 
 
 def function_key(func: Callable[..., Any], qualified_name: str) -> str:

@@ -124,46 +124,26 @@ def to_host_class(record: Any) -> Any:
     return record
 
 
-_WALKING = object()  # map_arrays: a record whose fields are being walked
-
-
 def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
-               depth: int, *, records: bool = False, host_classes: bool = True,
-               rebuilt_records: dict[int, Any] | None = None) -> Any:
+               depth: int, *, records: bool = False, host_classes: bool = True) -> Any:
     """``value`` with every ``array_type`` instance replaced by ``convert(instance)``, opening at
     most ``depth`` levels of lists, tuples, namedtuples and dicts (and, with ``records``,
     dataclass objects, SimpleNamespaces and objects of device classes, rebuilt as a shallow
     copy with the converted fields set, an object of a device class given its host class
-    unless ``host_classes`` is False; a record met again, as in ``node.parent = node``, is
-    the same rebuilt object: ``rebuilt_records``, ``id(record) -> rebuilt``, for the walk's
-    own use); other values are kept as they are (containers without arrays are returned as
-    the same object)."""
+    unless ``host_classes`` is False); other values are kept as they are (containers without
+    arrays are returned as the same object)."""
     if isinstance(value, array_type):
         return convert(value)
     if depth <= 0:
         return value
     if records and is_record(value):
-        if rebuilt_records is None:
-            rebuilt_records = {}
-        again = rebuilt_records.get(id(value))
-        if again is _WALKING:  # a field of its own leads back to it: it gets the copy
-            again = rebuilt_records[id(value)] = copy.copy(value)
-        if again is not None:
-            return again
-        rebuilt_records[id(value)] = _WALKING
         fields = record_fields(value)
         converted_fields = {name: map_arrays(item, array_type, convert, depth - 1,
-                                             records=True, host_classes=host_classes,
-                                             rebuilt_records=rebuilt_records)
+                                             records=True, host_classes=host_classes)
                             for name, item in fields.items()}
-        rebuilt = rebuilt_records[id(value)]
-        if rebuilt is _WALKING:
-            if all(map(operator.is_, converted_fields.values(), fields.values())):
-                rebuilt = value
-            else:
-                rebuilt = copy.copy(value)
-            rebuilt_records[id(value)] = rebuilt
-        if rebuilt is not value:
+        rebuilt = value
+        if not all(map(operator.is_, converted_fields.values(), fields.values())):
+            rebuilt = copy.copy(value)
             for name, item in converted_fields.items():
                 object.__setattr__(rebuilt, name, item)  # a frozen dataclass too
         return to_host_class(rebuilt) if host_classes else rebuilt
@@ -171,7 +151,7 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
         return value
     if type(value) is dict or isinstance(value, dict):
         items = {key: map_arrays(item, array_type, convert, depth - 1, records=records,
-                                 host_classes=host_classes, rebuilt_records=rebuilt_records)
+                                 host_classes=host_classes)
                  for key, item in value.items()}
         if all(map(operator.is_, items.values(), value.values())):
             return value
@@ -184,7 +164,7 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
         return rebuilt
     converted = [convert(item) if isinstance(item, array_type) else
                  map_arrays(item, array_type, convert, depth - 1, records=records,
-                            host_classes=host_classes, rebuilt_records=rebuilt_records)
+                            host_classes=host_classes)
                  if depth > 1 and (isinstance(item, _CONTAINERS) or records) else item
                  for item in value]
     if all(map(operator.is_, converted, value)):

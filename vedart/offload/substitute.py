@@ -496,13 +496,18 @@ class _DeviceClass(type):
 _OBJECT_CLASS = vars(object)["__class__"]  # the descriptor behind every object's __class__
 
 
-def _host_class_of(host: type) -> property:
-    """A device class's ``__class__``: its objects answer ``host`` (a dataclass's ``__eq__``
-    compares ``other.__class__ is self.__class__``, which a device object made in the call
-    and a host object made outside it failed: ``C() == D`` was False on the GPU path),
-    while ``type(obj)`` stays the device class, whose methods run. Setting it sets the
-    object's class (results leave the call so)."""
-    return property(lambda self: host, _OBJECT_CLASS.__set__)
+def _class_seen(instance: Any) -> type:
+    """A device class's ``__class__``: its objects answer the host class (a dataclass's
+    ``__eq__`` compares ``other.__class__ is self.__class__``, which a device object made in
+    the call and a host object made outside it failed: ``C() == D`` was False on the GPU
+    path), while ``type(obj)`` stays the device class, whose methods run; objects of a
+    subclass defined in the call answer their own class."""
+    own = type(instance)
+    return vars(own).get(HOST_CLASS, own)
+
+
+# Setting it sets the object's class (results leave the call so).
+_CLASS_SEEN = property(_class_seen, _OBJECT_CLASS.__set__)
 
 
 class _DeviceABCClass(_DeviceClass, abc.ABCMeta):
@@ -603,8 +608,9 @@ class Reach:
         self._lock = threading.RLock()
         renew_in_child(self, "_lock")
         # value -> (what a clone sees for it, what that was made from (:func:`_made_from`;
-        # None for a value seen as it is): made again when that changes)
-        self._known: dict[Any, tuple[Any, tuple[Any, ...] | None]] = {}
+        # None for a value seen as it is): made again when that changes, and a function
+        # clone's globals, made again when they are no longer current)
+        self._known: dict[Any, tuple[Any, tuple[Any, ...] | None, _CloneGlobals | None]] = {}
         self._clones = 0  # helper functions cloned
         self._binds_numpy: dict[tuple[str, bool], bool] = {}
         # The qualified names of the helper functions and classes that ran as clones.
@@ -625,14 +631,14 @@ class Reach:
         ``depth`` calls deep: the device clone of a reached function, the device class of a
         reached class, a reached module seen through this Reach, else ``value``."""
         known = self._known.get(value)  # without the lock: clones read globals often
-        if known is not None and (known[1] is None or (known[1] == _made_from(value)
-                                                       and clone_is_current(known[0]))):
+        if known is not None and (known[1] is None or (
+                known[1] == _made_from(value) and (known[2] is None or known[2].current()))):
             return known[0]
         if depth > REACH_DEPTH:
             return value
         with self._lock:
             if not self._reaches(value):
-                self._known[value] = (value, None)
+                self._known[value] = (value, None, None)
                 return value
             made_from = None
             if isinstance(value, types.ModuleType):
@@ -646,7 +652,9 @@ class Reach:
                 result, made_from = self.clone(value, depth), _made_from(value)
             if not isinstance(value, types.ModuleType):
                 self._name(value)
-            self._known[value] = (result, made_from)
+            clone_globals = getattr(result, "__globals__", None)
+            self._known[value] = (result, made_from, clone_globals
+                                  if isinstance(clone_globals, _CloneGlobals) else None)
             return result
 
     def clone(self, func: types.FunctionType, depth: int) -> Any:
@@ -698,7 +706,7 @@ class Reach:
         namespace: dict[str, Any] = {"__module__": host.__module__,
                                      "__qualname__": host.__qualname__,
                                      "__doc__": host.__doc__, "__slots__": (),
-                                     "__class__": _host_class_of(host), HOST_CLASS: host}
+                                     "__class__": _CLASS_SEEN, HOST_CLASS: host}
         for klass in host.__mro__:
             if klass is object or not self._reaches(klass):
                 continue
@@ -806,31 +814,10 @@ def _clone_function(func: types.FunctionType, mapper: ModuleMapper,
         if key in module_globals:
             substituted[key] = module_globals[key]
 
-    def device(value: Any) -> Any:
-        """What a default or a closure's function means in the clone: a NumPy function's
-        twin (``make=np.zeros``), a reached helper's clone (the function a decorator's
-        wrapper closes over), else ``value``."""
-        twin = mapper.twin_of_value(value)
-        if twin is not value or reach is None or not isinstance(value, (types.FunctionType,
-                                                                         type)):
-            return twin
-        return reach.device_value(value, depth + 1)
-
-    defaults = None if func.__defaults__ is None else tuple(map(device, func.__defaults__))
-    closure = func.__closure__
-    if closure is not None:
-        # Only cells holding functions and classes get cells of their own (a nonlocal that
-        # the code rebinds holds data, and must stay shared with its scope), never the
-        # compiler's __class__ (super() starts after the class the method was defined in).
-        closure = tuple(cell if name == "__class__" or not isinstance(
-                            contents := _cell_contents(cell), (types.FunctionType, type))
-                        or (twin := device(contents)) is contents else types.CellType(twin)
-                        for name, cell in zip(func.__code__.co_freevars, closure))
     clone = types.FunctionType(func.__code__, _CloneGlobals(substituted, module_globals, reach,
                                                             depth, tuple(sources)),
-                               func.__name__, defaults, closure)
-    clone.__kwdefaults__ = None if func.__kwdefaults__ is None else {
-        name: device(value) for name, value in func.__kwdefaults__.items()}
+                               func.__name__, func.__defaults__, func.__closure__)
+    clone.__kwdefaults__ = func.__kwdefaults__
     clone.__qualname__ = func.__qualname__
     clone.__module__ = func.__module__
     return clone
@@ -843,13 +830,6 @@ def clone_is_current(clone: Any) -> bool:
         clone = clone.__func__ if isinstance(clone, types.MethodType) else clone.func
     clone_globals = getattr(clone, "__globals__", None)
     return not isinstance(clone_globals, _CloneGlobals) or clone_globals.current()
-
-
-def _cell_contents(cell: types.CellType) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # a cell not filled yet (a name the enclosing scope binds later)
-        return None
 
 
 def device_clone(func: Callable[..., Any], mapper: ModuleMapper,
