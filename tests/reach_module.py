@@ -253,3 +253,12 @@ def subclasses_in_the_call(n: int) -> Any:
 
     made = Tuned()
     return made.ramp(n) * made.extra, repr(made), made.__class__ is Tuned
+
+
+class Maker:
+    def make(self, n: int) -> Any:
+        return make(n)
+
+
+def makes_through_a_method(n: int) -> Any:
+    return Maker().make(n)

@@ -452,13 +452,16 @@ class _Offload:
 
     def _device_function(self) -> Callable[..., Any]:
         """The function's device clone, made again when its module has rebound a name it
-        substituted since (a stale clone would run the device twin of the old value)."""
+        substituted since (a stale clone would run the device twin of the old value), and
+        so are the helper clones it reaches (:meth:`Reach.drop_stale`)."""
         clone = self._clone
         if clone is None or not clone_is_current(clone):
             mapper = _device_mapper()
             if self.reach is None and self.options.reach:
                 self.reach = Reach.of(self.func, mapper)
             clone = self._clone = device_clone(self.func, mapper, self.reach)
+        if self.reach is not None:
+            self.reach.drop_stale()
         return clone
 
     def launch(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any],

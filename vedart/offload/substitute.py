@@ -608,9 +608,11 @@ class Reach:
         self._lock = threading.RLock()
         renew_in_child(self, "_lock")
         # value -> (what a clone sees for it, what that was made from (:func:`_made_from`;
-        # None for a value seen as it is): made again when that changes, and a function
-        # clone's globals, made again when they are no longer current)
-        self._known: dict[Any, tuple[Any, tuple[Any, ...] | None, _CloneGlobals | None]] = {}
+        # None for a value seen as it is): made again when that changes, and the globals of
+        # the function's clone or of the device class's method clones, which drop_stale
+        # checks)
+        self._known: dict[Any, tuple[Any, tuple[Any, ...] | None,
+                                     tuple[_CloneGlobals, ...]]] = {}
         self._clones = 0  # helper functions cloned
         self._binds_numpy: dict[tuple[str, bool], bool] = {}
         # The qualified names of the helper functions and classes that ran as clones.
@@ -631,14 +633,13 @@ class Reach:
         ``depth`` calls deep: the device clone of a reached function, the device class of a
         reached class, a reached module seen through this Reach, else ``value``."""
         known = self._known.get(value)  # without the lock: clones read globals often
-        if known is not None and (known[1] is None or (
-                known[1] == _made_from(value) and (known[2] is None or known[2].current()))):
+        if known is not None and (known[1] is None or known[1] == _made_from(value)):
             return known[0]
         if depth > REACH_DEPTH:
             return value
         with self._lock:
             if not self._reaches(value):
-                self._known[value] = (value, None, None)
+                self._known[value] = (value, None, ())
                 return value
             made_from = None
             if isinstance(value, types.ModuleType):
@@ -652,10 +653,20 @@ class Reach:
                 result, made_from = self.clone(value, depth), _made_from(value)
             if not isinstance(value, types.ModuleType):
                 self._name(value)
-            clone_globals = getattr(result, "__globals__", None)
-            self._known[value] = (result, made_from, clone_globals
-                                  if isinstance(clone_globals, _CloneGlobals) else None)
+            self._known[value] = (result, made_from, _clone_globals_in(result))
             return result
+
+    def drop_stale(self) -> None:
+        """Forget the clones whose module has rebound a name they substituted since they
+        were made (``mock.patch("mod.np", ...)``): they are made again when next looked up.
+        Called before each GPU run of the decorated function, not on every lookup, which a
+        helper called in a loop makes (a check there cost 90-320 ns a lookup)."""
+        stale = [value for value, (_, _, clone_globals) in list(self._known.items())
+                 if not all(each.current() for each in clone_globals)]
+        if stale:
+            with self._lock:
+                for value in stale:
+                    self._known.pop(value, None)
 
     def clone(self, func: types.FunctionType, depth: int) -> Any:
         """``func`` run with the device namespace, reaching on from ``depth``; ``func`` itself
@@ -821,6 +832,20 @@ def _clone_function(func: types.FunctionType, mapper: ModuleMapper,
     clone.__qualname__ = func.__qualname__
     clone.__module__ = func.__module__
     return clone
+
+
+def _clone_globals_in(made: Any) -> tuple[_CloneGlobals, ...]:
+    """The :class:`_CloneGlobals` of a function clone, or of the method clones (functions,
+    static and class methods, properties, cached properties) a device class defines."""
+    if isinstance(made, type):
+        attributes = [part for attribute in vars(made).values() for part in (
+            (attribute.fget, attribute.fset, attribute.fdel) if isinstance(attribute, property)
+            else (getattr(attribute, "__func__", None) or getattr(attribute, "func", None)
+                  or attribute,))]
+    else:
+        attributes = [made]
+    return tuple(found for attribute in attributes
+                 if isinstance(found := getattr(attribute, "__globals__", None), _CloneGlobals))
 
 
 def clone_is_current(clone: Any) -> bool:
