@@ -203,14 +203,6 @@ class Settings:
         return np.zeros(n) + self.scale
 
 
-DEFAULT_SETTINGS = Settings()  # made outside any call
-
-
-def compares_settings(n: int) -> Any:
-    settings = Settings()  # made in the call: an object of the device class there
-    return settings.ramp(n) * (2.0 if settings == DEFAULT_SETTINGS else 3.0)
-
-
 class Counted:
     made = 0
 

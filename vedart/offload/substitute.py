@@ -84,7 +84,7 @@ _METHOD_TYPES = (types.FunctionType, staticmethod, classmethod, property,
 _REACHABLE = (types.FunctionType, type, types.ModuleType)
 # Class attributes a device class never copies from its host's classes.
 _CLASS_MACHINERY = frozenset({"__dict__", "__weakref__", "__slots__", "__module__",
-                              "__qualname__", "__doc__", "__class__", HOST_CLASS})
+                              "__qualname__", "__doc__", HOST_CLASS})
 
 
 class ModuleMapper:
@@ -182,6 +182,7 @@ class DeviceNamespace:
 
 
 _MISSING = object()
+_STALE = (_MISSING,)  # Reach._known: made from what no value is made from (made again)
 
 # Functions NumPy refuses for some dtypes of their first argument (by dtype.char) where CuPy's
 # compute something: for those dtypes NumPy's function is called first on a small
@@ -442,6 +443,11 @@ class _CloneGlobals(dict):  # type: ignore[type-arg]
         self.depth = depth
         self._sources = sources
 
+    @property
+    def substitutes(self) -> bool:
+        """Whether the clone substituted any module name (else it never goes stale)."""
+        return bool(self._sources)
+
     def current(self) -> bool:
         """Whether every substituted name is still bound in the module to what it was
         substituted for (``mod.maker = my_ones`` or ``mock.patch("mod.np", ...)`` since makes
@@ -493,21 +499,6 @@ class _DeviceClass(type):
             super().__delattr__(name)
 
 
-_OBJECT_CLASS = vars(object)["__class__"]  # the descriptor behind every object's __class__
-
-
-def _class_seen(instance: Any) -> type:
-    """A device class's ``__class__``: its objects answer the host class (a dataclass's
-    ``__eq__`` compares ``other.__class__ is self.__class__``, which a device object made in
-    the call and a host object made outside it failed: ``C() == D`` was False on the GPU
-    path), while ``type(obj)`` stays the device class, whose methods run; objects of a
-    subclass defined in the call answer their own class."""
-    own = type(instance)
-    return vars(own).get(HOST_CLASS, own)
-
-
-# Setting it sets the object's class (results leave the call so).
-_CLASS_SEEN = property(_class_seen, _OBJECT_CLASS.__set__)
 
 
 class _DeviceABCClass(_DeviceClass, abc.ABCMeta):
@@ -614,6 +605,8 @@ class Reach:
         self._known: dict[Any, tuple[Any, tuple[Any, ...] | None,
                                      tuple[_CloneGlobals, ...]]] = {}
         self._clones = 0  # helper functions cloned
+        # The globals of the clones made that substitute names (drop_stale checks them).
+        self._substituting: list[_CloneGlobals] = []
         self._binds_numpy: dict[tuple[str, bool], bool] = {}
         # The qualified names of the helper functions and classes that ran as clones.
         self.names: tuple[str, ...] = ()
@@ -653,20 +646,25 @@ class Reach:
                 result, made_from = self.clone(value, depth), _made_from(value)
             if not isinstance(value, types.ModuleType):
                 self._name(value)
-            self._known[value] = (result, made_from, _clone_globals_in(result))
+            clone_globals = _clone_globals_in(result)
+            self._known[value] = (result, made_from, clone_globals)
+            self._substituting += [each for each in clone_globals if each.substitutes]
             return result
 
     def drop_stale(self) -> None:
-        """Forget the clones whose module has rebound a name they substituted since they
+        """Mark stale the clones whose module has rebound a name they substituted since they
         were made (``mock.patch("mod.np", ...)``): they are made again when next looked up.
         Called before each GPU run of the decorated function, not on every lookup, which a
-        helper called in a loop makes (a check there cost 90-320 ns a lookup)."""
-        stale = [value for value, (_, _, clone_globals) in list(self._known.items())
-                 if not all(each.current() for each in clone_globals)]
-        if stale:
-            with self._lock:
-                for value in stale:
-                    self._known.pop(value, None)
+        helper called in a loop makes (a check there cost 90-320 ns a lookup); a name rebound
+        during a run is seen at the next run."""
+        if all(each.current() for each in self._substituting):
+            return
+        with self._lock:
+            for value, (result, _, clone_globals) in list(self._known.items()):
+                if not all(each.current() for each in clone_globals):
+                    # Made again at its next lookup, and not counted again.
+                    self._known[value] = (result, _STALE, clone_globals)
+            self._substituting = [each for each in self._substituting if each.current()]
 
     def clone(self, func: types.FunctionType, depth: int) -> Any:
         """``func`` run with the device namespace, reaching on from ``depth``; ``func`` itself
@@ -717,7 +715,7 @@ class Reach:
         namespace: dict[str, Any] = {"__module__": host.__module__,
                                      "__qualname__": host.__qualname__,
                                      "__doc__": host.__doc__, "__slots__": (),
-                                     "__class__": _CLASS_SEEN, HOST_CLASS: host}
+                                     HOST_CLASS: host}
         for klass in host.__mro__:
             if klass is object or not self._reaches(klass):
                 continue
@@ -835,17 +833,21 @@ def _clone_function(func: types.FunctionType, mapper: ModuleMapper,
 
 
 def _clone_globals_in(made: Any) -> tuple[_CloneGlobals, ...]:
-    """The :class:`_CloneGlobals` of a function clone, or of the method clones (functions,
-    static and class methods, properties, cached properties) a device class defines."""
-    if isinstance(made, type):
-        attributes = [part for attribute in vars(made).values() for part in (
-            (attribute.fget, attribute.fset, attribute.fdel) if isinstance(attribute, property)
-            else (getattr(attribute, "__func__", None) or getattr(attribute, "func", None)
-                  or attribute,))]
-    else:
-        attributes = [made]
-    return tuple(found for attribute in attributes
-                 if isinstance(found := getattr(attribute, "__globals__", None), _CloneGlobals))
+    """The :class:`_CloneGlobals` of a function clone, or of the method clones a device class
+    defines (what :meth:`Reach._clone_attribute` makes)."""
+    functions: list[Any] = []
+    for attribute in vars(made).values() if isinstance(made, type) else (made,):
+        if type(attribute) is types.FunctionType:
+            functions.append(attribute)
+        elif isinstance(attribute, (staticmethod, classmethod)):
+            functions.append(attribute.__func__)
+        elif type(attribute) is property:
+            functions += (attribute.fget, attribute.fset, attribute.fdel)
+        elif type(attribute) is functools.cached_property:
+            functions.append(attribute.func)
+    return tuple(function.__globals__ for function in functions
+                 if type(function) is types.FunctionType
+                 and isinstance(function.__globals__, _CloneGlobals))
 
 
 def clone_is_current(clone: Any) -> bool:
