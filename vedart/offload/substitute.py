@@ -486,19 +486,20 @@ class _DeviceClass(type):
     def __subclasscheck__(cls, subclass: type) -> bool:
         return issubclass(subclass, getattr(cls, HOST_CLASS))
 
+    def _host_state(cls, name: str) -> bool:
+        return _READY in vars(cls) and not (name.startswith("__") and name.endswith("__"))
+
     def __setattr__(cls, name: str, value: Any) -> None:
-        if _READY in vars(cls) and not (name.startswith("__") and name.endswith("__")):
+        if cls._host_state(name):
             setattr(vars(cls)[HOST_CLASS], name, value)
         else:
             super().__setattr__(name, value)
 
     def __delattr__(cls, name: str) -> None:
-        if _READY in vars(cls) and not (name.startswith("__") and name.endswith("__")):
+        if cls._host_state(name):
             delattr(vars(cls)[HOST_CLASS], name)
         else:
             super().__delattr__(name)
-
-
 
 
 class _DeviceABCClass(_DeviceClass, abc.ABCMeta):
@@ -599,13 +600,10 @@ class Reach:
         self._lock = threading.RLock()
         renew_in_child(self, "_lock")
         # value -> (what a clone sees for it, what that was made from (:func:`_made_from`;
-        # None for a value seen as it is): made again when that changes, and the globals of
-        # the function's clone or of the device class's method clones, which drop_stale
-        # checks)
-        self._known: dict[Any, tuple[Any, tuple[Any, ...] | None,
-                                     tuple[_CloneGlobals, ...]]] = {}
+        # None for a value seen as it is): made again when that changes)
+        self._known: dict[Any, tuple[Any, tuple[Any, ...] | None]] = {}
         self._clones = 0  # helper functions cloned
-        # The globals of the clones made that substitute names (drop_stale checks them).
+        # The globals of the clones made (helpers and methods) that substitute names.
         self._substituting: list[_CloneGlobals] = []
         self._binds_numpy: dict[tuple[str, bool], bool] = {}
         # The qualified names of the helper functions and classes that ran as clones.
@@ -615,10 +613,7 @@ class Reach:
     def of(cls, func: Callable[..., Any], mapper: ModuleMapper) -> Reach:
         """The Reach of decorated callable ``func`` (of the function a bound method or a
         ``functools.partial`` wraps), its home the module that function is defined in."""
-        target = func
-        while isinstance(target, (types.MethodType, functools.partial)):
-            target = target.__func__ if isinstance(target, types.MethodType) else target.func
-        home = getattr(target, "__module__", None)
+        home = getattr(_innermost(func), "__module__", None)
         return cls(mapper, home if isinstance(home, str) else "__main__")
 
     def device_value(self, value: Any, depth: int) -> Any:
@@ -632,7 +627,7 @@ class Reach:
             return value
         with self._lock:
             if not self._reaches(value):
-                self._known[value] = (value, None, ())
+                self._known[value] = (value, None)
                 return value
             made_from = None
             if isinstance(value, types.ModuleType):
@@ -646,30 +641,29 @@ class Reach:
                 result, made_from = self.clone(value, depth), _made_from(value)
             if not isinstance(value, types.ModuleType):
                 self._name(value)
-            clone_globals = _clone_globals_in(result)
-            self._known[value] = (result, made_from, clone_globals)
-            self._substituting += [each for each in clone_globals if each.substitutes]
+            self._known[value] = (result, made_from)
             return result
 
     def drop_stale(self) -> None:
-        """Mark stale the clones whose module has rebound a name they substituted since they
-        were made (``mock.patch("mod.np", ...)``): they are made again when next looked up.
-        Called before each GPU run of the decorated function, not on every lookup, which a
-        helper called in a loop makes (a check there cost 90-320 ns a lookup); a name rebound
-        during a run is seen at the next run."""
+        """Once a module has rebound a name one of the clones substituted since it was made
+        (``mock.patch("mod.np", ...)``), mark every clone stale: each is made again when next
+        looked up. Called before each GPU run of the decorated function, not on every lookup,
+        which a helper called in a loop makes (a check there cost 90-320 ns a lookup); a name
+        rebound during a run is seen at the next run."""
         if all(each.current() for each in self._substituting):
             return
-        with self._lock:
-            for value, (result, _, clone_globals) in list(self._known.items()):
-                if not all(each.current() for each in clone_globals):
-                    # Made again at its next lookup, and not counted again.
-                    self._known[value] = (result, _STALE, clone_globals)
-            self._substituting = [each for each in self._substituting if each.current()]
+        with self._lock:  # rebinding is rare: every clone is made again, and counted once
+            self._known = {value: (result, made_from if made_from is None else _STALE)
+                           for value, (result, made_from) in self._known.items()}
+            self._substituting = []
 
     def clone(self, func: types.FunctionType, depth: int) -> Any:
         """``func`` run with the device namespace, reaching on from ``depth``; ``func`` itself
         when it assigns module globals."""
-        return _clone_function(func, self._mapper, self.builtins, self, depth)
+        clone = _clone_function(func, self._mapper, self.builtins, self, depth)
+        if clone is not func and clone.__globals__.substitutes:
+            self._substituting.append(clone.__globals__)
+        return clone
 
     def _reaches(self, value: Any) -> bool:
         # A function is judged by the module whose globals its code reads: functools.wraps
@@ -822,7 +816,6 @@ def _clone_function(func: types.FunctionType, mapper: ModuleMapper,
     for key in ("__name__", "__package__", "__spec__", "__file__"):
         if key in module_globals:
             substituted[key] = module_globals[key]
-
     clone = types.FunctionType(func.__code__, _CloneGlobals(substituted, module_globals, reach,
                                                             depth, tuple(sources)),
                                func.__name__, func.__defaults__, func.__closure__)
@@ -832,30 +825,17 @@ def _clone_function(func: types.FunctionType, mapper: ModuleMapper,
     return clone
 
 
-def _clone_globals_in(made: Any) -> tuple[_CloneGlobals, ...]:
-    """The :class:`_CloneGlobals` of a function clone, or of the method clones a device class
-    defines (what :meth:`Reach._clone_attribute` makes)."""
-    functions: list[Any] = []
-    for attribute in vars(made).values() if isinstance(made, type) else (made,):
-        if type(attribute) is types.FunctionType:
-            functions.append(attribute)
-        elif isinstance(attribute, (staticmethod, classmethod)):
-            functions.append(attribute.__func__)
-        elif type(attribute) is property:
-            functions += (attribute.fget, attribute.fset, attribute.fdel)
-        elif type(attribute) is functools.cached_property:
-            functions.append(attribute.func)
-    return tuple(function.__globals__ for function in functions
-                 if type(function) is types.FunctionType
-                 and isinstance(function.__globals__, _CloneGlobals))
+def _innermost(func: Any) -> Any:
+    """The function a bound method or ``functools.partial`` (of one) runs, else ``func``."""
+    while isinstance(func, (types.MethodType, functools.partial)):
+        func = func.__func__ if isinstance(func, types.MethodType) else func.func
+    return func
 
 
 def clone_is_current(clone: Any) -> bool:
     """Whether ``clone`` (a device clone, a bound method or partial of one, or anything
     else) still substitutes what its module binds (:meth:`_CloneGlobals.current`)."""
-    while isinstance(clone, (types.MethodType, functools.partial)):
-        clone = clone.__func__ if isinstance(clone, types.MethodType) else clone.func
-    clone_globals = getattr(clone, "__globals__", None)
+    clone_globals = getattr(_innermost(clone), "__globals__", None)
     return not isinstance(clone_globals, _CloneGlobals) or clone_globals.current()
 
 
