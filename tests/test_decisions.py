@@ -24,13 +24,16 @@ from vedart.offload.adaptive import (
     EXPLORE_TRIES,
     HEAVY_AT_ONCE_S,
     HEAVY_CONFIRM_CALLS,
+    LEASE_CALLS,
     LIGHT_S,
+    RECHECK_CALLS,
     TIMED_FIRST_CALLS,
     TIMED_ONE_IN,
     AdaptiveModel,
     function_key,
+    rechecks_deferred,
 )
-from vedart.offload.arguments import scan
+from vedart.offload.arguments import call_key, scan
 
 
 class NoDevice:
@@ -246,3 +249,156 @@ def test_a_process_that_never_shuts_down_saves_what_it_learned_at_exit(tmp_path:
                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     saved = json.loads(profile.read_text())
     assert saved["functions"]["m.f@0"]["<f8:1|12"]["cpu"] == [[0.01, 4096]]
+
+
+def scaled_head(x: np.ndarray, k: int, scale: float = 1.0) -> np.ndarray:
+    """Light work on a 1 MB argument, with numbers among the arguments: the learned CPU
+    ceiling ends at such sizes, so every call reaches the slow path."""
+    return x[:4] * (k * scale)
+
+
+def settled_on_the_cpu(model: AdaptiveModel, function: Any, args: tuple[Any, ...],
+                       **kwargs: Any) -> tuple[str, str]:
+    """Teach ``model`` that the bucket of these arguments is settled on the CPU (the GPU far
+    slower); its key and signature."""
+    facts = scan(args, kwargs, NoDevice, ("x", "k", "scale"))
+    key = key_of(function)
+    for path, seconds in (("cpu", 1e-3), ("gpu", 1.0)):
+        for _ in range(EXPLORE_TRIES + 1):  # the first, a switch of path, is not learned
+            model.observe(key, facts.signature, facts.host_bytes, path, seconds)
+    return key, facts.signature
+
+
+def counting_choices(model: AdaptiveModel, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths ``model.choose`` answers from now on, one entry per call."""
+    choices: list[str] = []
+    real_choose = model.choose
+
+    def choose(*args: Any, **kwargs: Any) -> Any:
+        choice = real_choose(*args, **kwargs)
+        choices.append(choice.path)
+        return choice
+    monkeypatch.setattr(model, "choose", choose)
+    return choices
+
+
+def test_settled_cpu_calls_run_on_a_lease_without_asking_the_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = runtime_with_profile(tmp_path)
+    model = runtime.cost_model
+    assert model is not None
+    f = veda.gpu(scaled_head)
+    x = np.random.default_rng(7).random(2**17)  # 1 MB
+    settled_on_the_cpu(model, scaled_head, (x, 3, 1.0))  # the default, as the wrapper passes it
+    reason = f.explain(x, 3).reason
+    assert reason.startswith("adaptive: gpu 1 s vs cpu 1 ms at ~1.0 MB, k~2^1, scale~2^0 (")
+    assert f.explain(x, k=3, scale=1.0).reason == f.plan_call(x, 3).decision.reason == reason
+    choices = counting_choices(model, monkeypatch)
+    calls = 3 * LEASE_CALLS
+    for _ in range(calls):
+        np.testing.assert_array_equal(f(x, 3), x[:4] * 3.0)
+    # One call asks and takes a lease of the next LEASE_CALLS, and so on.
+    assert choices == ["cpu"] * -(-calls // (LEASE_CALLS + 1))
+    stats = runtime.telemetry.function(f"{__name__}.scaled_head")
+    assert stats.last_decision() == ("cpu", reason)
+    assert stats.totals()["calls"]["cpu"] == calls
+    # Another bucket (k~2^9), or another type of argument, is not on the lease.
+    settled_on_the_cpu(model, scaled_head, (x, 1000, 1.0))
+    f(x, 1000)
+    f(x, np.int64(3))
+    assert len(choices) == -(-calls // (LEASE_CALLS + 1)) + 2
+
+
+def test_a_lease_ends_when_any_choice_may_have_changed_and_never_under_force(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = runtime_with_profile(tmp_path)
+    model = runtime.cost_model
+    assert model is not None
+    f = veda.gpu(scaled_head)
+    x = np.random.default_rng(8).random(2**17)
+    key, signature = settled_on_the_cpu(model, scaled_head, (x, 3, 0.5))
+    choices = counting_choices(model, monkeypatch)
+    f(x, 3, scale=0.5)
+    f(x, 3, scale=0.5)
+    assert choices == ["cpu"]  # the second call ran on the lease the first took
+    model.observe(key, signature, 64 * x.nbytes, "cpu", 1e-2)  # a new size: a new revision
+    f(x, 3, scale=0.5)
+    assert choices == ["cpu", "cpu"]
+    with pytest.warns(veda.OffloadWarning, match="GPU failed"):  # tried: the fake GPU fails
+        with veda.force("gpu"):
+            f(x, 3, scale=0.5)
+
+
+SETTLED_SIG = "<f8:1;n~2^3"
+
+
+def settle(model: AdaptiveModel) -> None:
+    """Settle SETTLED_SIG at 1 MB on the CPU, the GPU twice as slow."""
+    for path, seconds in (("cpu", 1e-3), ("gpu", 2e-3)):
+        for _ in range(EXPLORE_TRIES + 1):  # the first, a switch of path, is not learned
+            model.observe("f", SETTLED_SIG, 2**20, path, seconds)
+
+
+def test_the_model_lends_only_settled_calls_clear_of_a_recheck() -> None:
+    model = AdaptiveModel()
+    assert model.lease("f", SETTLED_SIG, 2**20) == 0  # never seen
+    model.observe("f", SETTLED_SIG, 2**20, "cpu", 1e-3)
+    model.choose("f", SETTLED_SIG, 2**20)
+    assert model.lease("f", SETTLED_SIG, 2**20) == 0  # exploring
+    settle(model)
+    assert model.choose("f", SETTLED_SIG, 2**20).timed is False
+    with rechecks_deferred():
+        assert model.lease("f", SETTLED_SIG, 2**20) == 0
+    total = model._ledger("f").total
+    lent = model.lease("f", SETTLED_SIG, 2**20)
+    assert 0 < lent <= LEASE_CALLS
+    assert model._ledger("f").total == pytest.approx(total + lent * 1e-3)
+    while model.choose("f", SETTLED_SIG, 2**20).path == "cpu":  # on to the re-check
+        pass
+    assert model.lease("f", SETTLED_SIG, 2**20) == 0  # under way: RECHECK_CALLS of each path
+    assert RECHECK_CALLS >= 1
+
+
+def test_leases_keep_the_recheck_schedule_of_the_model() -> None:
+    def rechecking_calls(lease: bool) -> list[int]:
+        """The numbers of the first 2000 calls that ran the other path."""
+        model = AdaptiveModel()
+        settle(model)
+        rechecking, call = [], 0
+        while call < 2000:
+            choice = model.choose("f", SETTLED_SIG, 2**20)
+            call += 1
+            if choice.path == "gpu":
+                rechecking.append(call)
+            elif lease and not choice.timed:
+                call += model.lease("f", SETTLED_SIG, 2**20)
+        return rechecking
+
+    calls = rechecking_calls(lease=False)
+    assert rechecking_calls(lease=True) == calls and len(calls) >= 6
+    assert calls[-1] - calls[-3] > LEASE_CALLS
+
+
+PLAIN_VALUES = [np.ones(4), np.ones(5), np.ones(4, np.float32), np.ones((2, 2)), np.ones(10**5),
+                np.ones(4, ">f8"), 0, 1, 3, -3, 4, 2**70, 2**71, True, False, 0.0, 0.4, 0.6,
+                -1.5, 3.0, 1e300, float("inf"), float("nan"), None, "f8", b"x"]
+OTHER_VALUES = [np.float64(1.0), np.int64(3), [np.ones(4)], (1,), {"a": 1}, np.matrix([[1.0]]),
+                object()]
+
+
+def test_call_keys_are_equal_only_for_calls_of_one_signature_and_size_bucket() -> None:
+    names = ("a", "b")
+    facts = {}
+    for first in PLAIN_VALUES:
+        for second in PLAIN_VALUES:
+            for args, kwargs in (((first, second), {}), ((first,), {"b": second})):
+                key = call_key(args, kwargs)
+                assert key is not None
+                scanned = scan(args, kwargs, NoDevice, names)
+                bucket = max(scanned.host_bytes, 1).bit_length()
+                facts.setdefault(key, set()).add((scanned.signature, bucket))
+    assert all(len(found) == 1 for found in facts.values())
+    assert len(facts) > 500  # the values were told apart, not all lumped together
+    for value in OTHER_VALUES:
+        assert call_key((np.ones(4), value), {}) is None
+        assert call_key((np.ones(4),), {"b": value}) is None

@@ -5,8 +5,10 @@ Targets (median per call over calling the function directly): 1.0 us with the GP
 config; 0.5 us on the fast path below the adaptive floor (timed, to see heavy calls); 2 us for a
 call settled on the CPU by the model at 64 KB, 1 MB and 4 MB (a function whose work is tiny next
 to its arguments, so the CPU wins at every size); 5 us for the model's choice plus its learning
-step for a bucket settled on the GPU (no device work: the model alone). Each runtime's
-staging loop is loaded before its rows are timed: while it loads (about a second after
+step for a bucket settled on the GPU (no device work: the model alone). The settled rows run
+twice: with an array alone (the fast path skips the model below the size it settled on the
+CPU) and with an ``int`` too (a number may size the work, so the model is asked; its settled
+calls run on leases). Each runtime's staging loop is loaded before its rows are timed: while it loads (about a second after
 ``init``), its thread holds the interpreter lock for long stretches, which read as 0.4-0.5 us
 more per below-floor call on the H100 (2026-11-24: 0.77-0.88 us, then 0.33-0.39 us waiting), a
 cost of the first second, not of the fast path.
@@ -45,6 +47,10 @@ def _identity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def head_sum(x: np.ndarray) -> Any:
     return x[:8].sum()
+
+
+def head_sum_of(x: np.ndarray, count: int) -> Any:
+    return x[:count].sum()
 
 
 def _per_call_ns(func: Callable[..., Any], args: tuple[Any, ...], calls: int,
@@ -123,6 +129,10 @@ def run(quick: bool) -> dict[str, Any]:
             x = rng.random(nbytes // 8)
             rows.append(_row(f"settled on the CPU, {format_bytes(nbytes)}", head_sum, (x,),
                              SETTLED_TARGET_NS, calls // 10, repeats))
+        for nbytes in SETTLED_SIZES:  # a number among the arguments: the model is asked
+            x = rng.random(nbytes // 8)
+            rows.append(_row(f"settled on the CPU, {format_bytes(nbytes)} and an int",
+                             head_sum_of, (x, 8), SETTLED_TARGET_NS, calls // 10, repeats))
         rows.append(_bookkeeping_row(runtime, calls // 10, repeats))
     veda.shutdown()
     return {"suite": "overhead", "target_ns": TARGET_NS, "calls_per_sample": calls,

@@ -225,17 +225,20 @@ def magnitude(value: Any) -> int | None:
 class ArgumentFacts:
     """What the cost model needs to know about one call's arguments (slow path only):
     ``host_bytes`` of the ``host_arrays``, the ``device_ordinals`` of device arrays, and
-    ``scalars``, (parameter name, log2 magnitude) of each number passed directly. (A plain
+    ``scalars``, (parameter name, log2 magnitude) of each number passed directly;
+    ``subclass_arrays``, whether a host array is of an ndarray subclass. (A plain
     class: every call past the fast path makes one, and a dataclass's generated ``__init__``
     with its default factories, and ``cached_property``, cost about a microsecond more.)"""
 
-    __slots__ = ("host_bytes", "host_arrays", "device_ordinals", "scalars", "_signature")
+    __slots__ = ("host_bytes", "host_arrays", "device_ordinals", "scalars", "subclass_arrays",
+                 "_signature")
 
     def __init__(self) -> None:
         self.host_bytes = 0
         self.host_arrays: list[np.ndarray] = []
         self.device_ordinals: list[int] = []
         self.scalars: list[tuple[str, int]] = []
+        self.subclass_arrays = False
         self._signature: str | None = None
 
     @property
@@ -284,6 +287,38 @@ def scan(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type,
     return facts
 
 
+# Arguments that neither size work nor hold arrays: a call key records only their kind.
+_INERT_TAGS = {type(None): -5, bool: -6, str: -7, bytes: -8}
+
+
+def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """A key two calls share only if :func:`scan` gives them the same signature and size
+    bucket and neither has device arrays or ndarray subclasses; finer than that (positions,
+    keyword order and exact bit lengths count). Built from plain arguments alone (ndarrays,
+    ints, floats, the kinds in ``_INERT_TAGS``), a few times faster than a scan; None for any
+    other argument (a container may hold arrays). Each argument adds a negative tag for its
+    kind, then its data, so a dtype is only ever compared with a dtype (a dtype equals
+    ``float``, ``bool`` or ``"f8"``)."""
+    key: tuple[Any, ...] = ()
+    nbytes = 0
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        kind = type(value)
+        if kind is _ndarray:
+            key += (-1, value.dtype, value.ndim)
+            nbytes += value.nbytes
+        elif kind is int:
+            key += (-2, value.bit_length())
+        elif kind is float:
+            # inf and nan size nothing (magnitude() is None)
+            key += (-3, math.frexp(value)[1]) if value - value == 0.0 else (-4,)
+        else:
+            tag = _INERT_TAGS.get(kind)
+            if tag is None:
+                return None
+            key += (tag,)
+    return key + (nbytes.bit_length(), tuple(kwargs)) if kwargs else key + (nbytes.bit_length(),)
+
+
 def _scalar(facts: ArgumentFacts, name: str, value: Any) -> bool:
     """Record ``value`` as a scalar argument if it is a number; whether it was."""
     if type(value) is np.ndarray:
@@ -299,6 +334,8 @@ def _collect(value: Any, device_type: type, depth: int, facts: ArgumentFacts) ->
     if isinstance(value, np.ndarray):
         facts.host_arrays.append(value)
         facts.host_bytes += value.nbytes
+        if type(value) is not np.ndarray:
+            facts.subclass_arrays = True
     elif isinstance(value, device_type):
         facts.device_ordinals.append(int(value.device.id))
     elif depth > 0 and isinstance(value, _CONTAINERS):

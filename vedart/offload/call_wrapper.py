@@ -69,6 +69,10 @@ def gpu_wrapper({parameters}):
                 _vd_stats.last = _vd_plan.always_cpu
             return _vd_func({forward})
     return _vd_site.slow_call({positional}, {keywords})
+
+
+def gpu_binding({parameters}):
+    return {positional}, {keywords}
 """
 
 _COUNT_NAMED = """\
@@ -157,10 +161,17 @@ def generated(source: str, filename: str, namespace: dict[str, Any],
     return function  # type: ignore[no-any-return]
 
 
+Binding = Callable[..., tuple[tuple[Any, ...], dict[str, Any]]]
+
+
 def build_wrapper(func: Callable[..., Any], site: CallSite,
-                  forced_path: ContextVar[str | None]) -> Callable[..., Any]:
+                  forced_path: ContextVar[str | None]) -> tuple[Callable[..., Any], Binding]:
     """A function with ``func``'s metadata that runs the fast-path rules above, then either
-    calls ``func`` or ``site.slow_call``."""
+    calls ``func`` or ``site.slow_call``; and the binding it passes on: a function taking the
+    same arguments and returning the (args, kwargs) that ``func`` and ``site`` get from the
+    wrapper (defaults filled in, by position where the parameter takes one). Calls decided
+    elsewhere (``explain``, a pipeline's items) bind through it, so the cost model sees one
+    signature for them all (``f(x)`` and ``f(x, scale=1.0)`` are one bucket)."""
     parameters = _own_parameters(func) or _variadic()
     namespace: dict[str, Any] = {
         "_vd_site": site, "_vd_func": func, "_vd_lifecycle": lifecycle,
@@ -206,6 +217,7 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
         keywords="{" + ", ".join(keywords) + "}")
     wrapper = generated(source, f"<@veda.gpu wrapper of {getattr(func, '__qualname__', func)!s}>",
                         namespace, "gpu_wrapper")
+    binding: Binding = namespace["gpu_binding"]
     functools.update_wrapper(wrapper, func)
     if not hasattr(func, "__name__"):  # a partial or a callable object: named after what it runs
         target = func.func if isinstance(func, functools.partial) else type(func)
@@ -215,4 +227,4 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
             wrapper.__qualname__ = getattr(target, "__qualname__", name)
         if isinstance(func, functools.partial):
             wrapper.__doc__ = getattr(target, "__doc__", None)
-    return wrapper
+    return wrapper, binding
