@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,7 @@ from vedart.offload.adaptive import (
     EXPLORE_TRIES,
     HEAVY_AT_ONCE_S,
     HEAVY_CONFIRM_CALLS,
-    LEASE_CALLS,
     LIGHT_S,
-    RECHECK_CALLS,
     TIMED_FIRST_CALLS,
     TIMED_ONE_IN,
     AdaptiveModel,
@@ -258,15 +257,25 @@ def scaled_head(x: np.ndarray, k: int, scale: float = 1.0) -> np.ndarray:
 
 
 def settled_on_the_cpu(model: AdaptiveModel, function: Any, args: tuple[Any, ...],
-                       **kwargs: Any) -> tuple[str, str]:
-    """Teach ``model`` that the bucket of these arguments is settled on the CPU (the GPU far
-    slower); its key and signature."""
-    facts = scan(args, kwargs, NoDevice, ("x", "k", "scale"))
+                       gpu_s: float = 1.0) -> tuple[str, str]:
+    """Teach ``model`` that the bucket of these arguments (as the wrapper passes them) is
+    settled on the CPU at 1 ms, the GPU taking ``gpu_s``; its key and signature."""
+    facts = scan(args, {}, NoDevice, ("x", "k", "scale"))
     key = key_of(function)
-    for path, seconds in (("cpu", 1e-3), ("gpu", 1.0)):
+    for path, seconds in (("cpu", 1e-3), ("gpu", gpu_s)):
         for _ in range(EXPLORE_TRIES + 1):  # the first, a switch of path, is not learned
             model.observe(key, facts.signature, facts.host_bytes, path, seconds)
     return key, facts.signature
+
+
+def scaled_head_on_a_fake_gpu(tmp_path: Path) -> tuple[veda.Runtime, AdaptiveModel, Any,
+                                                       np.ndarray]:
+    """A runtime learning into a profile under ``tmp_path``, its model, ``scaled_head``
+    decorated, and a fresh 1 MB argument for it."""
+    runtime = runtime_with_profile(tmp_path)
+    assert runtime.cost_model is not None
+    return runtime, runtime.cost_model, veda.gpu(scaled_head), \
+        np.random.default_rng().random(2**17)
 
 
 def counting_choices(model: AdaptiveModel, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -284,49 +293,91 @@ def counting_choices(model: AdaptiveModel, monkeypatch: pytest.MonkeyPatch) -> l
 
 def test_settled_cpu_calls_run_on_a_lease_without_asking_the_model(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime = runtime_with_profile(tmp_path)
-    model = runtime.cost_model
-    assert model is not None
-    f = veda.gpu(scaled_head)
-    x = np.random.default_rng(7).random(2**17)  # 1 MB
+    runtime, model, f, x = scaled_head_on_a_fake_gpu(tmp_path)
     settled_on_the_cpu(model, scaled_head, (x, 3, 1.0))  # the default, as the wrapper passes it
     reason = f.explain(x, 3).reason
     assert reason.startswith("adaptive: gpu 1 s vs cpu 1 ms at ~1.0 MB, k~2^1, scale~2^0 (")
     assert f.explain(x, k=3, scale=1.0).reason == f.plan_call(x, 3).decision.reason == reason
     choices = counting_choices(model, monkeypatch)
-    calls = 3 * LEASE_CALLS
-    for _ in range(calls):
+    recorded = len(runtime.telemetry.recent())
+    for _ in range(200):
         np.testing.assert_array_equal(f(x, 3), x[:4] * 3.0)
-    # One call asks and takes a lease of the next LEASE_CALLS, and so on.
-    assert choices == ["cpu"] * -(-calls // (LEASE_CALLS + 1))
+    assert choices == ["cpu"]  # the first call asked, and took a lease the others ran on
+    assert len(runtime.telemetry.recent()) == recorded + 1  # as the fast path: no records
     stats = runtime.telemetry.function(f"{__name__}.scaled_head")
     assert stats.last_decision() == ("cpu", reason)
-    assert stats.totals()["calls"]["cpu"] == calls
+    assert stats.totals()["calls"]["cpu"] == 200
     # Another bucket (k~2^9), or another type of argument, is not on the lease.
     settled_on_the_cpu(model, scaled_head, (x, 1000, 1.0))
     f(x, 1000)
     f(x, np.int64(3))
-    assert len(choices) == -(-calls // (LEASE_CALLS + 1)) + 2
+    assert choices == ["cpu"] * 3
 
 
-def test_a_lease_ends_when_any_choice_may_have_changed_and_never_under_force(
+def test_a_lease_ends_when_its_bucket_changes_and_never_holds_under_force(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime = runtime_with_profile(tmp_path)
-    model = runtime.cost_model
-    assert model is not None
-    f = veda.gpu(scaled_head)
-    x = np.random.default_rng(8).random(2**17)
+    _, model, f, x = scaled_head_on_a_fake_gpu(tmp_path)
     key, signature = settled_on_the_cpu(model, scaled_head, (x, 3, 0.5))
     choices = counting_choices(model, monkeypatch)
     f(x, 3, scale=0.5)
+    model.observe("another", signature, x.nbytes, "cpu", 1e-2)  # learning elsewhere
     f(x, 3, scale=0.5)
     assert choices == ["cpu"]  # the second call ran on the lease the first took
-    model.observe(key, signature, 64 * x.nbytes, "cpu", 1e-2)  # a new size: a new revision
-    f(x, 3, scale=0.5)
-    assert choices == ["cpu", "cpu"]
     with pytest.warns(veda.OffloadWarning, match="GPU failed"):  # tried: the fake GPU fails
         with veda.force("gpu"):
             f(x, 3, scale=0.5)
+    for _ in range(EXPLORE_TRIES + 1):  # the GPU is now measured far faster
+        model.observe(key, signature, x.nbytes, "gpu", 1e-5)
+    f(x, 3, scale=0.5)  # asks the model (and, the forced try having failed, runs on the CPU)
+    assert choices == ["cpu", "gpu"]
+
+
+def test_leases_keep_the_recheck_schedule_whatever_holds_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two call keys of one bucket (scale 0.25 and 0.75 are both scale~2^0) alternate, and
+    another function learns between calls: the re-check comes on the same call as when the
+    model decides every call."""
+    def first_recheck(leases: bool) -> int:
+        _, model, f, x = scaled_head_on_a_fake_gpu(tmp_path / str(leases))
+        key, signature = settled_on_the_cpu(model, scaled_head, (x, 3, 0.25), gpu_s=16e-3)
+        if not leases:
+            monkeypatch.setattr(model, "lease", lambda *args: None)
+        choices = counting_choices(model, monkeypatch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", veda.OffloadWarning)  # the fake GPU fails
+            for call in range(1, 2000):
+                f(x, 3, 0.25 if call % 2 else 0.75)
+                model.observe("another", signature, 4 * x.nbytes, "cpu", 1e-3 * call)
+                if choices[-1:] == ["gpu"]:
+                    return call
+        raise AssertionError("no re-check in 2000 calls")
+
+    rechecked_at = first_recheck(leases=False)
+    assert rechecked_at > 100  # a path 16x slower: re-checked hundreds of calls apart
+    assert first_recheck(leases=True) == rechecked_at
+
+
+def test_a_lease_counts_each_call_as_the_model_counts_a_settled_one() -> None:
+    model, twin = AdaptiveModel(), AdaptiveModel()
+    for each in (model, twin):
+        assert each.lease("f", SETTLED_SIG, 2**20, "cpu") is None  # never seen
+        settle(each)
+        assert each.choose("f", SETTLED_SIG, 2**20).timed is False
+    assert model.lease("f", SETTLED_SIG, 2**20, "gpu") is None  # settled on the CPU
+    lease = model.lease("f", SETTLED_SIG, 2**20, "cpu")
+    assert lease is not None and lease.reason == twin.choose("f", SETTLED_SIG, 2**20,
+                                                             peek=True).reason
+    with rechecks_deferred():
+        assert not lease.take()
+    taken = 0
+    while lease.take():
+        taken += 1
+        assert twin.choose("f", SETTLED_SIG, 2**20).path == "cpu"
+    assert taken > 0 and model._ledger("f").total == pytest.approx(twin._ledger("f").total)
+    # Due: the model decides the re-check, as the twin does.
+    assert model.choose("f", SETTLED_SIG, 2**20) == twin.choose("f", SETTLED_SIG, 2**20)
+    assert model.choose("f", SETTLED_SIG, 2**20).path == "gpu"
+    assert not lease.take() and model.lease("f", SETTLED_SIG, 2**20, "cpu") is None
 
 
 SETTLED_SIG = "<f8:1;n~2^3"
@@ -337,46 +388,6 @@ def settle(model: AdaptiveModel) -> None:
     for path, seconds in (("cpu", 1e-3), ("gpu", 2e-3)):
         for _ in range(EXPLORE_TRIES + 1):  # the first, a switch of path, is not learned
             model.observe("f", SETTLED_SIG, 2**20, path, seconds)
-
-
-def test_the_model_lends_only_settled_calls_clear_of_a_recheck() -> None:
-    model = AdaptiveModel()
-    assert model.lease("f", SETTLED_SIG, 2**20) == 0  # never seen
-    model.observe("f", SETTLED_SIG, 2**20, "cpu", 1e-3)
-    model.choose("f", SETTLED_SIG, 2**20)
-    assert model.lease("f", SETTLED_SIG, 2**20) == 0  # exploring
-    settle(model)
-    assert model.choose("f", SETTLED_SIG, 2**20).timed is False
-    with rechecks_deferred():
-        assert model.lease("f", SETTLED_SIG, 2**20) == 0
-    total = model._ledger("f").total
-    lent = model.lease("f", SETTLED_SIG, 2**20)
-    assert 0 < lent <= LEASE_CALLS
-    assert model._ledger("f").total == pytest.approx(total + lent * 1e-3)
-    while model.choose("f", SETTLED_SIG, 2**20).path == "cpu":  # on to the re-check
-        pass
-    assert model.lease("f", SETTLED_SIG, 2**20) == 0  # under way: RECHECK_CALLS of each path
-    assert RECHECK_CALLS >= 1
-
-
-def test_leases_keep_the_recheck_schedule_of_the_model() -> None:
-    def rechecking_calls(lease: bool) -> list[int]:
-        """The numbers of the first 2000 calls that ran the other path."""
-        model = AdaptiveModel()
-        settle(model)
-        rechecking, call = [], 0
-        while call < 2000:
-            choice = model.choose("f", SETTLED_SIG, 2**20)
-            call += 1
-            if choice.path == "gpu":
-                rechecking.append(call)
-            elif lease and not choice.timed:
-                call += model.lease("f", SETTLED_SIG, 2**20)
-        return rechecking
-
-    calls = rechecking_calls(lease=False)
-    assert rechecking_calls(lease=True) == calls and len(calls) >= 6
-    assert calls[-1] - calls[-3] > LEASE_CALLS
 
 
 PLAIN_VALUES = [np.ones(4), np.ones(5), np.ones(4, np.float32), np.ones((2, 2)), np.ones(10**5),

@@ -94,9 +94,6 @@ EXPLORE_BUDGET = 0.1
 FIRST_ON_CPU_S = 0.01
 SLOW_RATIO = 10.0       # a path measured this much slower is re-checked at least ...
 SLOW_REVISIT_MIN = 256  # ... this many calls apart
-# Settled calls a call site may run without asking the model (:meth:`AdaptiveModel.lease`):
-# asking took 5-7 us of a settled CPU call's 7 us over a direct call (AMD EPYC, 2026-11-27).
-LEASE_CALLS = 64
 _rechecks_deferred: ContextVar[bool] = ContextVar("vedart_rechecks_deferred", default=False)
 
 
@@ -310,6 +307,51 @@ def _fit(points: list[tuple[float, float]], proportional: bool = False
     return lambda work: intercept + slope * work
 
 
+def _count_settled(bucket: _Bucket, revisit: _Revisit, path: str, ledger: _Ledger,
+                   counting: bool) -> None:
+    """Count one settled call of ``path`` (the caller holds the model's lock): towards the
+    bucket's next re-check when ``counting``, and in the function's ledger at the path's
+    typical time."""
+    if counting:
+        revisit.calls_left -= 1
+        bucket.last_path = path  # untimed, but a switch all the same
+    seconds = bucket.typicals.get(path) or bucket.typical(path)
+    if seconds != math.inf:
+        ledger.total += seconds
+
+
+class Lease:
+    """Leave to run one bucket's settled path without asking the model, call by call, while
+    the bucket stays settled as it was (:meth:`AdaptiveModel.lease`). Each :meth:`take`
+    counts the call as :meth:`AdaptiveModel.choose` counts a settled one, so re-checks come on
+    the same call with or without leases, whichever call sites and threads hold them."""
+
+    __slots__ = ("_lock", "_bucket", "_choice", "_revisit", "_ledger", "reason")
+
+    def __init__(self, lock: threading.Lock, bucket: _Bucket,
+                 choice: tuple[Choice, bool, dict[str, Any] | None], revisit: _Revisit,
+                 ledger: _Ledger) -> None:
+        self._lock = lock
+        self._bucket = bucket
+        self._choice = choice
+        self._revisit = revisit
+        self._ledger = ledger
+        self.reason = choice[0].reason
+
+    def take(self) -> bool:
+        """Count one call of the settled path; False, counting nothing, once the bucket's
+        choice or re-check schedule changed, a re-check is due, or re-checks are deferred
+        (then the model decides the call)."""
+        bucket, revisit = self._bucket, self._revisit
+        with self._lock:
+            if bucket.choice is not self._choice or bucket.revisit is not revisit \
+                    or revisit.recheck_left > 0 or revisit.calls_left <= 1 \
+                    or _rechecks_deferred.get():
+                return False
+            _count_settled(bucket, revisit, revisit.chosen, self._ledger, True)
+            return True
+
+
 class AdaptiveModel:
     """Chooses cpu or gpu per call from observed timings. Thread-safe."""
 
@@ -421,31 +463,20 @@ class AdaptiveModel:
                 return choice
             return self._revisit_or(choice, state, key, signature, nbytes, peek)
 
-    def lease(self, key: str, signature: str, nbytes: int) -> int:
-        """How many of the next calls of this bucket, settled on its own samples, may run its
-        settled path without asking the model (at most ``LEASE_CALLS``; 0 while a re-check is
-        due or under way, or deferred, or the bucket is not settled). They are counted now as
-        :meth:`choose` counts settled calls one by one (towards the next re-check, and in the
-        function's ledger at the path's typical time), so the re-check comes when it would
-        have; a holder that drops unused calls brings it sooner."""
+    def lease(self, key: str, signature: str, nbytes: int, path: str) -> Lease | None:
+        """A :class:`Lease` on the bucket of this call, settled on ``path`` on its own samples,
+        or None when it is not (exploring, a re-check under way or due, or settled since on
+        the other path)."""
         with self._lock:
             state = self._buckets.get((key, signature, size_bucket(nbytes)))
             cached = None if state is None else state.choice
-            if cached is None or cached[2] is not None or _rechecks_deferred.get():
-                return 0
+            if cached is None or cached[2] is not None or cached[0].path != path:
+                return None
             assert state is not None
-            path, revisit = cached[0].path, state.revisit
+            revisit = state.revisit
             if revisit is None or revisit.chosen != path or revisit.recheck_left > 0:
-                return 0
-            calls = min(LEASE_CALLS, revisit.calls_left - 1)
-            if calls <= 0:
-                return 0
-            revisit.calls_left -= calls
-            state.last_path = path
-            seconds = state.typicals.get(path) or state.typical(path)
-            if seconds != math.inf:
-                self._ledger(key).total += calls * seconds
-            return calls
+                return None
+            return Lease(self._lock, state, cached, revisit, self._ledger(key))
 
     def _bucket_choice(self, state: _Bucket, key: str, signature: str, nbytes: int
                        ) -> tuple[Choice, bool]:
@@ -488,16 +519,12 @@ class AdaptiveModel:
         counting = state.recheck_left == 0 and state.calls_left > 1
         if counting or _rechecks_deferred.get():
             if not peek:
-                if counting:
-                    state.calls_left -= 1
-                    bucket.last_path = choice.path  # untimed, but a switch all the same
                 # Deferred: last_path stays the re-check's, so its next call is learned from
                 # (in a pipeline, after some milliseconds of untimed items on the other path,
                 # which may leave that call colder than a direct call's: towards the settled
                 # path, the safe side).
-                seconds = bucket.typicals.get(choice.path) or bucket.typical(choice.path)
-                if seconds != math.inf:
-                    (self._ledgers.get(key) or self._ledger(key)).total += seconds
+                _count_settled(bucket, state, choice.path,
+                               self._ledgers.get(key) or self._ledger(key), counting)
             return choice
         if state.recheck_left > 0:
             interval, call = state.interval, 2 * RECHECK_CALLS - state.recheck_left + 1

@@ -57,7 +57,7 @@ from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
     HEAVY_AT_ONCE_S,
     HEAVY_CONFIRM_CALLS,
-    AdaptiveModel,
+    Lease,
     function_key,
 )
 from vedart.offload.arguments import (
@@ -173,26 +173,11 @@ class _Plan:
     device_type: type = _NoDeviceArray
 
 
-class _Lease:
-    """Settled calls of one bucket that the adaptive model lent a call site
-    (:meth:`AdaptiveModel.lease`): ``countdown`` yields once per call (``next`` on it is atomic,
-    so concurrent callers never run more than were lent), ``reason`` is the settled choice's;
-    it holds while ``model.revision`` is ``revision`` (a choice may have changed since)."""
-
-    __slots__ = ("countdown", "reason", "model", "revision")
-
-    def __init__(self, calls: int, reason: str, model: AdaptiveModel, revision: int) -> None:
-        self.countdown = iter(range(calls))
-        self.reason = reason
-        self.model = model
-        self.revision = revision
-
-
 def _as_given(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return args, kwargs
 
 
-LEASES_KEPT = 64  # buckets a call site holds leases for; more start afresh
+LEASES_KEPT = 64  # call keys a call site holds leases for; more start afresh
 
 
 def _device_mapper() -> ModuleMapper:
@@ -262,8 +247,9 @@ class _Offload:
         self._heavy_suspect: int | None = None  # the fast-path call a possible stall was seen at
         # Set by _wrap to the wrapper's binding (call_wrapper.build_wrapper).
         self.binding: Binding = _as_given
-        # Settled CPU calls the model lent, by call_key: see slow_call.
-        self._leases: dict[tuple[str, int], _Lease] = {}
+        # Leases on CPU-settled buckets, with the plan each was taken under, by call_key: see
+        # slow_call.
+        self._leases: dict[tuple[Any, ...], tuple[Lease, _Plan]] = {}
         self.positional_names = _positional_names(func)
         # Argument signatures whose GPU attempt failed where the CPU re-run succeeded, with
         # the failure: their calls go to the CPU unless forced.
@@ -404,48 +390,42 @@ class _Offload:
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Decide one call the fast path did not settle, and run it. A call of a bucket the
-        model settled on the CPU runs on a lease of the model's (:class:`_Lease`): as the
-        fast path runs, untimed and counted, with the settled reason, without asking the
-        model each time (a settled CPU call cost 7 us more than a direct one, AMD EPYC,
-        2026-11-27). Leases are found by :func:`call_key`: calls with other arguments than
-        plain ones (containers, device arrays, ndarray subclasses), or under ``veda.force``,
-        always ask."""
+        model settled on the CPU runs on a :class:`Lease` the call site holds: as the fast
+        path runs, untimed, counted with the settled reason, without a decision (asking the
+        model cost a settled CPU call 7 us more than a direct one, AMD EPYC, 2026-11-27).
+        Leases are found by :func:`call_key`: calls with other arguments than plain ones
+        (containers, device arrays, ndarray subclasses), or under ``veda.force``, always
+        ask."""
         plan = self.plan  # current_plan(), inline: every GPU call comes here
         if plan.runtime is not lifecycle.current:
             plan = self.refresh()
         leases = self._leases
         if leases and forced_path.get() is None:
-            where = call_key(args, kwargs)
-            lease = leases.get(where)  # type: ignore[arg-type]
-            if lease is not None:
-                if lease.model.revision == lease.revision \
-                        and next(lease.countdown, None) is not None:
+            held = leases.get(call_key(args, kwargs))  # type: ignore[arg-type]
+            if held is not None:
+                lease, taken_under = held
+                if taken_under is plan and lease.take():
                     next(plan.ticks)
                     if plan.stats is not None:
                         plan.stats.last = lease.reason
                     return self.func(*args, **kwargs)
-                leases.pop(where, None)  # type: ignore[arg-type]
         call = PlannedCall(self, plan, args, kwargs)
         decision = call.decision
         if decision.path == "cpu" and decision.model == "adaptive" and not decision.timed:
-            self._lease(plan, call.facts, call_key(args, kwargs), decision.reason)
+            self._lease(plan, call.facts, call_key(args, kwargs))
         return call.run()
 
-    def _lease(self, plan: _Plan, facts: ArgumentFacts, where: tuple[Any, ...] | None,
-               reason: str) -> None:
-        """Take a lease of settled CPU calls for the bucket of ``facts``, kept under the call
-        key ``where`` (none without one), if the model lends one (not while a re-check is
-        near)."""
+    def _lease(self, plan: _Plan, facts: ArgumentFacts, where: tuple[Any, ...] | None) -> None:
+        """Hold a lease of the model's on the CPU-settled bucket of ``facts`` under the call
+        key ``where`` (none without one), if the model gives one and ``plan`` is current."""
         assert plan.runtime is not None and plan.runtime.cost_model is not None
         if where is None:
             return
-        model = plan.runtime.cost_model
-        revision = model.revision  # read first: a change while lending voids the lease
-        calls = model.lease(self.key, facts.signature, facts.host_bytes)
-        if calls:
+        lease = plan.runtime.cost_model.lease(self.key, facts.signature, facts.host_bytes, "cpu")
+        if lease is not None and self.plan is plan:
             if len(self._leases) >= LEASES_KEPT:
                 self._leases = {}
-            self._leases[where] = _Lease(calls, reason, model, revision)
+            self._leases[where] = (lease, plan)
 
     def forcing(self) -> Forcing | None:
         in_context = forced_path.get()
