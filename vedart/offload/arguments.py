@@ -291,32 +291,50 @@ def scan(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type,
 _INERT_TAGS = {type(None): -5, bool: -6, str: -7, bytes: -8}
 
 
-def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+class _Unkeyed:
+    """The key part of an argument no key can stand for (a container may hold arrays)."""
+
+    def __repr__(self) -> str:
+        return "UNKEYED"
+
+
+UNKEYED = _Unkeyed()
+
+
+def key_part(value: Any) -> Any:
+    """``value``'s part of a call key (:func:`call_key`): (dtype, ndim) of an ndarray, the bit
+    length of an int, (-3, binary exponent) of a finite float, a negative tag for a non-finite
+    float and the kinds in ``_INERT_TAGS``, else ``UNKEYED``. Parts of different kinds never
+    compare equal (a dtype is only ever compared with a dtype or a negative int, and equals
+    neither: it would equal ``float``, ``bool`` or ``"f8"``)."""
+    kind = type(value)
+    if kind is _ndarray:
+        return (value.dtype, value.ndim)
+    if kind is int:
+        return value.bit_length()
+    if kind is float:
+        return (-3, math.frexp(value)[1]) if value - value == 0.0 else -4  # inf, nan: no size
+    return _INERT_TAGS.get(kind, UNKEYED)
+
+
+def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """A key two calls share only if :func:`scan` gives them the same signature and size
-    bucket and neither has device arrays or ndarray subclasses; finer than that (positions,
-    keyword order and exact bit lengths count). Built from plain arguments alone (ndarrays,
-    ints, floats, the kinds in ``_INERT_TAGS``), a few times faster than a scan; None for any
-    other argument (a container may hold arrays). Each argument adds a negative tag for its
-    kind, then its data, so a dtype is only ever compared with a dtype (a dtype equals
-    ``float``, ``bool`` or ``"f8"``)."""
-    key: tuple[Any, ...] = ()
+    bucket and neither has device arrays or ndarray subclasses, unless it holds ``UNKEYED``
+    (then it stands for nothing); finer than that (positions, keyword order and exact bit
+    lengths count). The key parts of the arguments, their keywords, and the bit length of the
+    ndarrays' bytes. (@gpu's wrapper builds the same parts inline for a function's named
+    parameters.)"""
     nbytes = 0
     for value in (*args, *kwargs.values()) if kwargs else args:
-        kind = type(value)
-        if kind is _ndarray:
-            key += (-1, value.dtype, value.ndim)
+        if type(value) is _ndarray:
             nbytes += value.nbytes
-        elif kind is int:
-            key += (-2, value.bit_length())
-        elif kind is float:
-            # inf and nan size nothing (magnitude() is None)
-            key += (-3, math.frexp(value)[1]) if value - value == 0.0 else (-4,)
-        else:
-            tag = _INERT_TAGS.get(kind)
-            if tag is None:
-                return None
-            key += (tag,)
-    return key + (nbytes.bit_length(), tuple(kwargs)) if kwargs else key + (nbytes.bit_length(),)
+    return (*map(key_part, args), *map(key_part, kwargs.values()), tuple(kwargs),
+            nbytes.bit_length())
+
+
+def keyed(key: tuple[Any, ...]) -> bool:
+    """Whether ``key`` stands for a signature and size bucket (holds no ``UNKEYED``)."""
+    return not any(part is UNKEYED for part in key)
 
 
 def _scalar(facts: ArgumentFacts, name: str, value: Any) -> bool:

@@ -17,6 +17,10 @@ Fast-path rules, read from the call site's plan (replaced, never mutated):
   call of ``LIGHT_S`` or more to ``site.heavy_call(args, kwargs, seconds, call_index)``
   afterwards (the fast path must see a function of an ``int`` that runs for seconds; two clock
   reads on every call would double what the fast path adds);
+- else, when ``site.leases`` holds a lease for the call's key (built inline from the named
+  parameters, :func:`~vedart.offload.arguments.call_key`'s contract) taken under this plan and
+  ``lease.take()`` allows: call the function, count it on ``plan.ticks``, record the lease's
+  reason (a bucket the model settled on the CPU, whose calls need no decision);
 - else, or under a ``veda.force`` block: ``site.slow_call(args, kwargs)`` decides and runs.
 """
 
@@ -28,13 +32,13 @@ import time
 import types
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from vedart import lifecycle
-from vedart.offload.adaptive import LIGHT_S, TIMED_FIRST_CALLS, TIMED_ONE_IN
-from vedart.offload.arguments import PLAIN_TYPES, host_bytes, value_bytes
+from vedart.offload.adaptive import LIGHT_S, TIMED_FIRST_CALLS, TIMED_ONE_IN, Lease
+from vedart.offload.arguments import PLAIN_TYPES, call_key, host_bytes, key_part, value_bytes
 from vedart.telemetry import FunctionStats
 
 PREFIX = "_vd_"  # every name the template binds; a parameter starting with it disables inlining
@@ -63,6 +67,13 @@ def gpu_wrapper({parameters}):
                         _vd_site.heavy_call({positional}, {keywords}, _vd_seconds, _vd_call)
                     return _vd_result
                 return _vd_func({forward})
+            if _vd_site.leases:
+                _vd_held = _vd_site.leases.get({key})
+                if _vd_held is not None and _vd_held[1] is _vd_plan and _vd_held[0].take():
+                    _vd_next(_vd_plan.ticks)
+                    if _vd_stats is not None:
+                        _vd_stats.last = _vd_held[0].reason
+                    return _vd_func({forward})
         else:
             if _vd_stats is not None:
                 _vd_next(_vd_stats.fast_cpu_calls)
@@ -73,7 +84,17 @@ def gpu_wrapper({parameters}):
 
 def gpu_binding({parameters}):
     return {positional}, {keywords}
+
+
+def gpu_call_key({parameters}):
+    _vd_nbytes = {array_bytes}
+    return {key}
 """
+
+# A named parameter's part of the call key, inline (arguments.key_part's first two cases, which
+# are most arguments, without a call): the same parts as the variadic call_key's.
+_KEY_PART = ("({name}.dtype, {name}.ndim) if _vd_type({name}) is _vd_ndarray else "
+             "{name}.bit_length() if _vd_type({name}) is _vd_int else _vd_key_part({name})")
 
 _COUNT_NAMED = """\
             _vd_kind = _vd_type({name})
@@ -101,6 +122,9 @@ class CallSite(Protocol):
     """The per-function state a wrapper calls into."""
 
     plan: FastPlan
+    # Leases on buckets settled on the CPU, by call key, each with the plan it was taken
+    # under: a call with that key runs as on the fast path while ``lease.take()`` says so.
+    leases: dict[tuple[Any, ...], tuple[Lease, Any]]
 
     def refresh(self) -> FastPlan:
         """The plan for ``lifecycle.current`` (after init or shutdown)."""
@@ -161,17 +185,24 @@ def generated(source: str, filename: str, namespace: dict[str, Any],
     return function  # type: ignore[no-any-return]
 
 
-Binding = Callable[..., tuple[tuple[Any, ...], dict[str, Any]]]
+class Wrapper(NamedTuple):
+    """What :func:`build_wrapper` makes, each taking ``func``'s arguments: ``wrapper``, what
+    users call; ``binding``, the (args, kwargs) the wrapper hands ``func`` and the site
+    (defaults filled in, by position where the parameter takes one): calls decided elsewhere
+    (``explain``, a pipeline's items) bind through it, so the cost model sees one signature
+    for them all (``f(x)`` and ``f(x, scale=1.0)`` are one bucket); ``call_key``, the key the
+    wrapper finds the call's lease by (:func:`~vedart.offload.arguments.call_key`'s
+    contract)."""
+
+    wrapper: Callable[..., Any]
+    binding: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]]
+    call_key: Callable[..., tuple[Any, ...]]
 
 
 def build_wrapper(func: Callable[..., Any], site: CallSite,
-                  forced_path: ContextVar[str | None]) -> tuple[Callable[..., Any], Binding]:
+                  forced_path: ContextVar[str | None]) -> Wrapper:
     """A function with ``func``'s metadata that runs the fast-path rules above, then either
-    calls ``func`` or ``site.slow_call``; and the binding it passes on: a function taking the
-    same arguments and returning the (args, kwargs) that ``func`` and ``site`` get from the
-    wrapper (defaults filled in, by position where the parameter takes one). Calls decided
-    elsewhere (``explain``, a pipeline's items) bind through it, so the cost model sees one
-    signature for them all (``f(x)`` and ``f(x, scale=1.0)`` are one bucket)."""
+    calls ``func`` or ``site.slow_call``, with its binding and call key (:class:`Wrapper`)."""
     parameters = _own_parameters(func) or _variadic()
     namespace: dict[str, Any] = {
         "_vd_site": site, "_vd_func": func, "_vd_lifecycle": lifecycle,
@@ -179,7 +210,8 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
         "_vd_ndarray": np.ndarray, "_vd_plain": PLAIN_TYPES, "_vd_value_bytes": value_bytes,
         "_vd_host_bytes": host_bytes, "_vd_empty": _EMPTY, "_vd_clock": time.perf_counter,
         "_vd_light": LIGHT_S, "_vd_timed_first": TIMED_FIRST_CALLS,
-        "_vd_sample_mask": TIMED_ONE_IN - 1,
+        "_vd_sample_mask": TIMED_ONE_IN - 1, "_vd_int": int, "_vd_key_part": key_part,
+        "_vd_call_key": call_key,
     }
     rendered, count, forward, positional, keywords = [], [], [], [], []
     var_args = var_kwargs = None
@@ -206,18 +238,30 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
             else:
                 forward.append(name)
                 positional.append(name)
+    positional_source = f"({', '.join(positional)},)" if positional else "()"
+    keywords_source = "{" + ", ".join(keywords) + "}"
+    named = [parameter.name for parameter in parameters if parameter.kind not in
+             (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
     if var_args or var_kwargs:
         count.append(_COUNT_VARIADIC.format(args=var_args or "()",
                                             kwargs=var_kwargs or "_vd_empty"))
+        key = f"_vd_call_key({positional_source}, {keywords_source})"
+        array_bytes = "0"
+    else:  # the named parameters' parts in order, then the bytes' bit length
+        key = "(" + "".join(f"{_KEY_PART.format(name=name)}, " for name in named) + \
+            "_vd_nbytes.bit_length())"
+        array_bytes = " + ".join(f"({name}.nbytes if _vd_type({name}) is _vd_ndarray else 0)"
+                                 for name in named) or "0"
     source = _TEMPLATE.format(
         parameters=str(inspect.Signature(rendered))[1:-1],
         count="\n".join(count),
         forward=", ".join(forward),
-        positional=f"({', '.join(positional)},)" if positional else "()",
-        keywords="{" + ", ".join(keywords) + "}")
+        positional=positional_source,
+        keywords=keywords_source,
+        key=key,
+        array_bytes=array_bytes)
     wrapper = generated(source, f"<@veda.gpu wrapper of {getattr(func, '__qualname__', func)!s}>",
                         namespace, "gpu_wrapper")
-    binding: Binding = namespace["gpu_binding"]
     functools.update_wrapper(wrapper, func)
     if not hasattr(func, "__name__"):  # a partial or a callable object: named after what it runs
         target = func.func if isinstance(func, functools.partial) else type(func)
@@ -227,4 +271,4 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
             wrapper.__qualname__ = getattr(target, "__qualname__", name)
         if isinstance(func, functools.partial):
             wrapper.__doc__ = getattr(target, "__doc__", None)
-    return wrapper, binding
+    return Wrapper(wrapper, namespace["gpu_binding"], namespace["gpu_call_key"])

@@ -65,10 +65,11 @@ from vedart.offload.arguments import (
     ArgumentFacts,
     call_key,
     iter_arrays,
+    keyed,
     map_arrays,
     scan,
 )
-from vedart.offload.call_wrapper import Binding, build_wrapper
+from vedart.offload.call_wrapper import build_wrapper
 from vedart.offload.cost import Decision, Forcing, decide
 from vedart.offload.failures import (
     WarnOnce,
@@ -177,6 +178,10 @@ def _as_given(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any
     return args, kwargs
 
 
+def _key_as_given(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    return call_key(args, kwargs)
+
+
 LEASES_KEPT = 64  # call keys a call site holds leases for; more start afresh
 
 
@@ -245,11 +250,12 @@ class _Offload:
         self._clone: Callable[..., Any] | None = None
         self.reach: Reach | None = None  # the helpers its clone reaches, once it is made
         self._heavy_suspect: int | None = None  # the fast-path call a possible stall was seen at
-        # Set by _wrap to the wrapper's binding (call_wrapper.build_wrapper).
-        self.binding: Binding = _as_given
-        # Leases on CPU-settled buckets, with the plan each was taken under, by call_key: see
-        # slow_call.
-        self._leases: dict[tuple[Any, ...], tuple[Lease, _Plan]] = {}
+        # Set by _wrap to the wrapper's binding and call key (call_wrapper.Wrapper).
+        self.binding: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]] = _as_given
+        self.key_of_call: Callable[..., tuple[Any, ...]] = _key_as_given
+        # Leases on CPU-settled buckets, with the plan each was taken under, by call key: the
+        # wrapper runs a call on one (call_wrapper), slow_call takes them.
+        self.leases: dict[tuple[Any, ...], tuple[Lease, _Plan]] = {}
         self.positional_names = _positional_names(func)
         # Argument signatures whose GPU attempt failed where the CPU re-run succeeded, with
         # the failure: their calls go to the CPU unless forced.
@@ -272,7 +278,7 @@ class _Offload:
         """Rebuild the plan for the current runtime (first call, after init or shutdown)."""
         runtime = lifecycle.get_runtime()
         config = runtime.config
-        self._leases = {}
+        self.leases = {}
         always_cpu = None
         if self.options.force == "cpu":
             always_cpu = 'forced by @gpu(force="cpu")'
@@ -389,43 +395,33 @@ class _Offload:
         return decision
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Decide one call the fast path did not settle, and run it. A call of a bucket the
-        model settled on the CPU runs on a :class:`Lease` the call site holds: as the fast
-        path runs, untimed, counted with the settled reason, without a decision (asking the
-        model cost a settled CPU call 7 us more than a direct one, AMD EPYC, 2026-11-27).
-        Leases are found by :func:`call_key`: calls with other arguments than plain ones
-        (containers, device arrays, ndarray subclasses), or under ``veda.force``, always
-        ask."""
+        """Decide one call the fast path did not settle, and run it. A call the model
+        answers with a settled CPU choice takes a lease on its bucket for the calls after it
+        with the same key (the wrapper runs those as the fast path runs: asking the model
+        cost a settled CPU call 7 us more than a direct one, AMD EPYC, 2026-11-27)."""
         plan = self.plan  # current_plan(), inline: every GPU call comes here
         if plan.runtime is not lifecycle.current:
             plan = self.refresh()
-        leases = self._leases
-        if leases and forced_path.get() is None:
-            held = leases.get(call_key(args, kwargs))  # type: ignore[arg-type]
-            if held is not None:
-                lease, taken_under = held
-                if taken_under is plan and lease.take():
-                    next(plan.ticks)
-                    if plan.stats is not None:
-                        plan.stats.last = lease.reason
-                    return self.func(*args, **kwargs)
         call = PlannedCall(self, plan, args, kwargs)
         decision = call.decision
         if decision.path == "cpu" and decision.model == "adaptive" and not decision.timed:
-            self._lease(plan, call.facts, call_key(args, kwargs))
+            self._lease(plan, call.facts, args, kwargs)
         return call.run()
 
-    def _lease(self, plan: _Plan, facts: ArgumentFacts, where: tuple[Any, ...] | None) -> None:
-        """Hold a lease of the model's on the CPU-settled bucket of ``facts`` under the call
-        key ``where`` (none without one), if the model gives one and ``plan`` is current."""
+    def _lease(self, plan: _Plan, facts: ArgumentFacts, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> None:
+        """Hold a lease of the model's on the CPU-settled bucket of ``facts`` for calls with
+        the key of these arguments, if they have one, the model gives one and ``plan`` is
+        current."""
         assert plan.runtime is not None and plan.runtime.cost_model is not None
-        if where is None:
+        where = self.key_of_call(*args, **kwargs)
+        if not keyed(where):
             return
         lease = plan.runtime.cost_model.lease(self.key, facts.signature, facts.host_bytes, "cpu")
         if lease is not None and self.plan is plan:
-            if len(self._leases) >= LEASES_KEPT:
-                self._leases = {}
-            self._leases[where] = (lease, plan)
+            if len(self.leases) >= LEASES_KEPT:
+                self.leases = {}
+            self.leases[where] = (lease, plan)
 
     def forcing(self) -> Forcing | None:
         in_context = forced_path.get()
@@ -918,7 +914,8 @@ def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., An
                         f"returns; allowed: a plain function (decorate the function it calls "
                         f"per item)")
     offload = _Offload(func, options)
-    gpu_wrapper, offload.binding = build_wrapper(func, offload, forced_path)
+    gpu_wrapper, offload.binding, offload.key_of_call = build_wrapper(func, offload,
+                                                                       forced_path)
 
     def plan_call(*args: Any, **kwargs: Any) -> PlannedCall:
         """A call with these arguments, decided now and not yet run (see PlannedCall)."""
