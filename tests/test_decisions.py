@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -356,6 +357,71 @@ def test_leases_keep_the_recheck_schedule_whatever_holds_them(
     rechecked_at = first_recheck(leases=False)
     assert rechecked_at > 100  # a path 16x slower: re-checked hundreds of calls apart
     assert first_recheck(leases=True) == rechecked_at
+
+
+def test_leased_calls_from_many_threads_are_each_counted_once(tmp_path: Path) -> None:
+    _, model, f, x = scaled_head_on_a_fake_gpu(tmp_path)
+    key, signature = settled_on_the_cpu(model, scaled_head, (x, 3, 0.25))
+    f(x, 3, 0.25)
+    revisit, ledger = model._buckets[key, signature, 20].revisit, model._ledger(key)
+    assert revisit is not None
+    calls_left, total = revisit.calls_left, ledger.total
+
+    def caller(scale: float) -> None:
+        for _ in range(250):
+            f(x, 3, scale)
+
+    threads = [threading.Thread(target=caller, args=(scale,))
+               for scale in (0.25, 0.375, 0.75, 0.875) * 2]  # four call keys, one bucket
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert revisit.calls_left == calls_left - 2000
+    assert ledger.total == pytest.approx(total + 2000 * 1e-3)
+
+
+def test_a_lease_ends_with_its_runtime_and_when_the_gpu_is_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, model, f, x = scaled_head_on_a_fake_gpu(tmp_path / "first")
+    settled_on_the_cpu(model, scaled_head, (x, 3, 1.0))
+    f(x, 3)
+    f(x, 3)
+    veda.shutdown()
+    runtime = runtime_with_profile(tmp_path / "second")
+    assert runtime.cost_model is not None
+    choices = counting_choices(runtime.cost_model, monkeypatch)
+    f(x, 3)
+    assert choices == ["cpu"]  # the new runtime's model decided it (exploring)
+    settled_on_the_cpu(runtime.cost_model, scaled_head, (x, 3, 1.0))
+    f(x, 3)
+    f(x, 3)
+    assert choices == ["cpu", "cpu"]
+    runtime.gpu.disable("context lost (simulated)")  # type: ignore[union-attr]
+    f(x, 3)
+    stats = runtime.telemetry.function(f"{__name__}.scaled_head")
+    assert stats.last_decision() == ("cpu", "no GPU: context lost (simulated)")
+
+
+def test_leased_calls_leave_the_fast_path_timing_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock_reads: list[None] = []
+    real_clock = time.perf_counter
+    monkeypatch.setattr(call_wrapper.time, "perf_counter",
+                        lambda: clock_reads.append(None) or real_clock())
+    _, model, f, x = scaled_head_on_a_fake_gpu(tmp_path)
+    settled_on_the_cpu(model, scaled_head, (x, 3, 1.0))
+    small = np.ones(16)
+    f(x, 3)  # takes the lease
+    clock_reads.clear()
+    for _ in range(TIMED_FIRST_CALLS):
+        f(small, 3)
+        f(x, 3)  # leased: not a fast-path call
+    assert len(clock_reads) == 2 * TIMED_FIRST_CALLS
+    for _ in range(TIMED_ONE_IN):  # then one fast-path call in TIMED_ONE_IN is timed
+        f(small, 3)
+        f(x, 3)
+    assert len(clock_reads) == 2 * TIMED_FIRST_CALLS + 2
 
 
 def test_a_lease_counts_each_call_as_the_model_counts_a_settled_one() -> None:

@@ -76,14 +76,17 @@ class FunctionStats:
     """Aggregates of one function. Counters are exact under concurrent calls: the fast path
     counts with ``itertools.count`` (atomic in CPython), the slow path under a lock."""
 
-    __slots__ = ("name", "threshold", "below_rule", "fast_cpu_calls", "last", "helpers",
-                 "_lock", "_calls", "_bytes", "_seconds")
+    __slots__ = ("name", "threshold", "below_rule", "fast_cpu_calls", "leased_cpu_calls", "last",
+                 "helpers", "_lock", "_calls", "_bytes", "_seconds")
 
     def __init__(self, name: str, threshold: int = 0) -> None:
         self.name = name
         self.threshold = threshold
         self.below_rule = "below threshold"  # what the fast path's size cut-off is called
         self.fast_cpu_calls = itertools.count()  # advanced by the @gpu fast path
+        # Advanced by the @gpu wrapper for calls on a lease of the adaptive model's (kept
+        # apart: the fast path paces its timing by its own count).
+        self.leased_cpu_calls = itertools.count()
         # The last decision: a CallRecord, a fixed fast-path reason, or the host bytes of a
         # below-threshold fast-path call (formatted only when read).
         self.last: CallRecord | str | int | None = None
@@ -120,7 +123,7 @@ class FunctionStats:
     def totals(self) -> dict[str, Any]:
         """Calls by path (fast-path CPU calls included), bytes and seconds by phase, as plain
         numbers, and the last decision: what :meth:`merge` adds to another process's stats."""
-        fast_cpu = _count_value(self.fast_cpu_calls)
+        fast_cpu = _count_value(self.fast_cpu_calls) + _count_value(self.leased_cpu_calls)
         with self._lock:
             totals: dict[str, Any] = {
                 "calls": dict(self._calls, cpu=self._calls["cpu"] + fast_cpu),

@@ -225,20 +225,17 @@ def magnitude(value: Any) -> int | None:
 class ArgumentFacts:
     """What the cost model needs to know about one call's arguments (slow path only):
     ``host_bytes`` of the ``host_arrays``, the ``device_ordinals`` of device arrays, and
-    ``scalars``, (parameter name, log2 magnitude) of each number passed directly;
-    ``subclass_arrays``, whether a host array is of an ndarray subclass. (A plain
+    ``scalars``, (parameter name, log2 magnitude) of each number passed directly. (A plain
     class: every call past the fast path makes one, and a dataclass's generated ``__init__``
     with its default factories, and ``cached_property``, cost about a microsecond more.)"""
 
-    __slots__ = ("host_bytes", "host_arrays", "device_ordinals", "scalars", "subclass_arrays",
-                 "_signature")
+    __slots__ = ("host_bytes", "host_arrays", "device_ordinals", "scalars", "_signature")
 
     def __init__(self) -> None:
         self.host_bytes = 0
         self.host_arrays: list[np.ndarray] = []
         self.device_ordinals: list[int] = []
         self.scalars: list[tuple[str, int]] = []
-        self.subclass_arrays = False
         self._signature: str | None = None
 
     @property
@@ -352,8 +349,6 @@ def _collect(value: Any, device_type: type, depth: int, facts: ArgumentFacts) ->
     if isinstance(value, np.ndarray):
         facts.host_arrays.append(value)
         facts.host_bytes += value.nbytes
-        if type(value) is not np.ndarray:
-            facts.subclass_arrays = True
     elif isinstance(value, device_type):
         facts.device_ordinals.append(int(value.device.id))
     elif depth > 0 and isinstance(value, _CONTAINERS):

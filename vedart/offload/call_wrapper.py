@@ -18,9 +18,10 @@ Fast-path rules, read from the call site's plan (replaced, never mutated):
   afterwards (the fast path must see a function of an ``int`` that runs for seconds; two clock
   reads on every call would double what the fast path adds);
 - else, when ``site.leases`` holds a lease for the call's key (built inline from the named
-  parameters, :func:`~vedart.offload.arguments.call_key`'s contract) taken under this plan and
-  ``lease.take()`` allows: call the function, count it on ``plan.ticks``, record the lease's
-  reason (a bucket the model settled on the CPU, whose calls need no decision);
+  parameters, :func:`~vedart.offload.arguments.call_key`'s contract) taken under this plan,
+  the GPU has not been lost since, and ``lease.take()`` allows: call the function, count it
+  as a leased call, record the lease's reason (a bucket the model settled on the CPU, whose
+  calls need no decision; ``plan.ticks`` is left to the calls above, whose timing it paces);
 - else, or under a ``veda.force`` block: ``site.slow_call(args, kwargs)`` decides and runs.
 """
 
@@ -69,9 +70,10 @@ def gpu_wrapper({parameters}):
                 return _vd_func({forward})
             if _vd_site.leases:
                 _vd_held = _vd_site.leases.get({key})
-                if _vd_held is not None and _vd_held[1] is _vd_plan and _vd_held[0].take():
-                    _vd_next(_vd_plan.ticks)
+                if _vd_held is not None and _vd_held[1] is _vd_plan \
+                        and _vd_held[2].unavailable_reason is None and _vd_held[0].take():
                     if _vd_stats is not None:
+                        _vd_next(_vd_stats.leased_cpu_calls)
                         _vd_stats.last = _vd_held[0].reason
                     return _vd_func({forward})
         else:
@@ -122,9 +124,10 @@ class CallSite(Protocol):
     """The per-function state a wrapper calls into."""
 
     plan: FastPlan
-    # Leases on buckets settled on the CPU, by call key, each with the plan it was taken
-    # under: a call with that key runs as on the fast path while ``lease.take()`` says so.
-    leases: dict[tuple[Any, ...], tuple[Lease, Any]]
+    # Leases on buckets settled on the CPU, by call key, each with the plan it was taken under
+    # and the GPU context then: a call with that key runs as on the fast path while the GPU
+    # has no ``unavailable_reason`` and ``lease.take()`` says so.
+    leases: dict[tuple[Any, ...], tuple[Lease, Any, Any]]
 
     def refresh(self) -> FastPlan:
         """The plan for ``lifecycle.current`` (after init or shutdown)."""

@@ -99,6 +99,7 @@ from vedart.offload.substitute import (
 from vedart.telemetry import CallRecord, FunctionStats
 
 if TYPE_CHECKING:
+    from vedart.gpu.context import GPUContext
     from vedart.runtime import Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -253,9 +254,9 @@ class _Offload:
         # Set by _wrap to the wrapper's binding and call key (call_wrapper.Wrapper).
         self.binding: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]] = _as_given
         self.key_of_call: Callable[..., tuple[Any, ...]] = _key_as_given
-        # Leases on CPU-settled buckets, with the plan each was taken under, by call key: the
-        # wrapper runs a call on one (call_wrapper), slow_call takes them.
-        self.leases: dict[tuple[Any, ...], tuple[Lease, _Plan]] = {}
+        # Leases on CPU-settled buckets, with the plan and GPU context each was taken under,
+        # by call key: the wrapper runs a call on one (call_wrapper), slow_call takes them.
+        self.leases: dict[tuple[Any, ...], tuple[Lease, _Plan, GPUContext]] = {}
         self.positional_names = _positional_names(func)
         # Argument signatures whose GPU attempt failed where the CPU re-run succeeded, with
         # the failure: their calls go to the CPU unless forced.
@@ -413,15 +414,18 @@ class _Offload:
         """Hold a lease of the model's on the CPU-settled bucket of ``facts`` for calls with
         the key of these arguments, if they have one, the model gives one and ``plan`` is
         current."""
-        assert plan.runtime is not None and plan.runtime.cost_model is not None
+        runtime = plan.runtime
+        assert runtime is not None and runtime.cost_model is not None
+        if runtime.gpu is None or preferred_device.get() is not None:
+            return  # (a preferred device the runtime lacks is refused: decide each call)
         where = self.key_of_call(*args, **kwargs)
         if not keyed(where):
             return
-        lease = plan.runtime.cost_model.lease(self.key, facts.signature, facts.host_bytes, "cpu")
+        lease = runtime.cost_model.lease(self.key, facts.signature, facts.host_bytes, "cpu")
         if lease is not None and self.plan is plan:
             if len(self.leases) >= LEASES_KEPT:
                 self.leases = {}
-            self.leases[where] = (lease, plan)
+            self.leases[where] = (lease, plan, runtime.gpu)
 
     def forcing(self) -> Forcing | None:
         in_context = forced_path.get()
@@ -697,13 +701,12 @@ class PlannedCall:
     """
 
     def __init__(self, offload: _Offload, plan: _Plan, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], facts: ArgumentFacts | None = None) -> None:
+                 kwargs: dict[str, Any]) -> None:
         self._offload = offload
         self._plan = plan
         self.args = args
         self.kwargs = kwargs
-        self.facts = scan(args, kwargs, plan.device_type, offload.positional_names) \
-            if facts is None else facts
+        self.facts = scan(args, kwargs, plan.device_type, offload.positional_names)
         self.decision = offload.decide(plan, self.facts, args, kwargs)
         self._inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = (args, kwargs)
         self._launch: _Launch | None = None
