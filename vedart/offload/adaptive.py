@@ -340,13 +340,13 @@ class Lease:
 
     def take(self) -> bool:
         """Count one call of the settled path; False, counting nothing, once the bucket's
-        choice or re-check schedule changed, a re-check is due, or re-checks are deferred
-        (then the model decides the call)."""
+        choice or re-check schedule changed or a re-check is due or under way (then the model
+        decides the call, and defers the re-check within :func:`rechecks_deferred`, as it
+        would have: a settled call before it counts the same deferred or not)."""
         bucket, revisit = self._bucket, self._revisit
         with self._lock:
             if bucket.choice is not self._choice or bucket.revisit is not revisit \
-                    or revisit.recheck_left > 0 or revisit.calls_left <= 1 \
-                    or _rechecks_deferred.get():
+                    or revisit.recheck_left > 0 or revisit.calls_left <= 1:
                 return False
             _count_settled(bucket, revisit, revisit.chosen, self._ledger, True)
             return True
