@@ -112,6 +112,15 @@ def test_parameters_named_like_builtins_or_the_template_own_names() -> None:
         np.testing.assert_array_equal(wrapped(x, **kwargs), function(x, **kwargs))
         assert last_decision(wrapped) == ("cpu", "below threshold: 64 B < 1.0 MB")
 
+def test_a_function_of_thousands_of_parameters_is_wrapped() -> None:
+    static_runtime()
+    names = [f"p{index}" for index in range(5000)]
+    namespace: dict[str, Any] = {}
+    exec(f"def many({', '.join(names)}):\n    return p0 + p4999", namespace)  # noqa: S102
+    wrapped = veda.gpu(namespace["many"])
+    assert wrapped(*range(5000)) == 4999
+
+
 def test_other_callables_take_the_variadic_wrapper_with_the_same_rules() -> None:
     class Scale:
         def __call__(self, x: np.ndarray, factor: float = 2.0) -> np.ndarray:

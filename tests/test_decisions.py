@@ -4,6 +4,7 @@ timings are injected through the model's interface (``observe``); the CPU's are 
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import subprocess
@@ -35,6 +36,7 @@ from vedart.offload.adaptive import (
 )
 from vedart.offload.arguments import call_key, keyed, scan
 from vedart.offload.force import forced_path as veda_forced
+from vedart.offload.force import prefer_device
 
 
 class NoDevice:
@@ -381,6 +383,32 @@ def test_leased_calls_from_many_threads_are_each_counted_once(tmp_path: Path) ->
     assert ledger.total == pytest.approx(total + 2000 * 1e-3)
 
 
+class Scaler:
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    @veda.gpu
+    def head(self, x: np.ndarray, k: int) -> np.ndarray:
+        return x[:4] * (k * self.factor)
+
+
+def test_a_decorated_method_runs_on_leases(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = runtime_with_profile(tmp_path)
+    model = runtime.cost_model
+    assert model is not None
+    scaler, x = Scaler(0.5), np.random.default_rng().random(2**17)
+    facts = scan((scaler, x, 3), {}, NoDevice, ("self", "x", "k"))
+    key = function_key(Scaler.head.__wrapped__, f"{__name__}.Scaler.head")
+    for path, seconds in (("cpu", 1e-3), ("gpu", 1.0)):
+        for _ in range(EXPLORE_TRIES + 1):
+            model.observe(key, facts.signature, facts.host_bytes, path, seconds)
+    choices = counting_choices(model, monkeypatch)
+    for _ in range(50):
+        np.testing.assert_array_equal(scaler.head(x, 3), x[:4] * 1.5)
+    assert choices == ["cpu"]
+
+
 def test_a_lease_ends_with_its_runtime_and_when_the_gpu_is_lost(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _, model, f, x = scaled_head_on_a_fake_gpu(tmp_path / "first")
@@ -397,9 +425,13 @@ def test_a_lease_ends_with_its_runtime_and_when_the_gpu_is_lost(
     f(x, 3)
     f(x, 3)
     assert choices == ["cpu", "cpu"]
+    with prefer_device(5):  # a device the runtime lacks: refused, as the call decides
+        f(x, 3)
+    assert choices == ["cpu", "cpu"]
+    stats = runtime.telemetry.function(f"{__name__}.scaled_head")
+    assert stats.last_decision() == ("cpu", "device 5 is not available (runtime devices: [0])")
     runtime.gpu.disable("context lost (simulated)")  # type: ignore[union-attr]
     f(x, 3)
-    stats = runtime.telemetry.function(f"{__name__}.scaled_head")
     assert stats.last_decision() == ("cpu", "no GPU: context lost (simulated)")
 
 
@@ -458,11 +490,17 @@ def settle(model: AdaptiveModel) -> None:
             model.observe("f", SETTLED_SIG, 2**20, path, seconds)
 
 
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2**20
+
+
 PLAIN_VALUES = [np.ones(4), np.ones(5), np.ones(4, np.float32), np.ones((2, 2)), np.ones(10**5),
                 np.ones(4, ">f8"), 0, 1, 3, -3, 4, 2**70, 2**71, True, False, 0.0, 0.4, 0.6,
-                -1.5, 3.0, 1e300, float("inf"), float("nan"), None, "f8", b"x"]
-OTHER_VALUES = [np.float64(1.0), np.int64(3), [np.ones(4)], (1,), {"a": 1}, np.matrix([[1.0]]),
-                object()]
+                -1.5, 3.0, 1e300, float("inf"), float("nan"), None, "f8", b"x",
+                np.float64(1.0), np.float64(3.0), np.float64("nan"), np.int64(3), np.int64(9),
+                np.bool_(True), Level.LOW, Level.HIGH, np.dtype("f8"), np.float64, object()]
+OTHER_VALUES = [[np.ones(4)], (1,), {"a": 1}, np.matrix([[1.0]])]
 
 
 def two_named(a: Any, b: Any) -> None:
@@ -493,7 +531,7 @@ def test_call_keys_are_equal_only_for_calls_of_one_signature_and_size_bucket(
                 bucket = max(scanned.host_bytes, 1).bit_length() - 1
                 facts.setdefault(key, set()).add((scanned.signature, bucket))
     assert all(len(found) == 1 for found in facts.values())
-    assert len(facts) > 400  # the values were told apart, not all lumped together
+    assert len(facts) > 1000  # the values were told apart, not all lumped together
     for value in OTHER_VALUES:
         assert not keyed(key_of_call(np.ones(4), value))
         assert not keyed(key_of_call(np.ones(4), b=value))

@@ -284,10 +284,6 @@ def scan(args: tuple[Any, ...], kwargs: dict[str, Any], device_type: type,
     return facts
 
 
-# Arguments that neither size work nor hold arrays: a call key records only their kind.
-_INERT_TAGS = {type(None): -5, bool: -6, str: -7, bytes: -8}
-
-
 class _Unkeyed:
     """The key part of an argument no key can stand for (a container may hold arrays)."""
 
@@ -296,14 +292,18 @@ class _Unkeyed:
 
 
 UNKEYED = _Unkeyed()
+_MAY_HOLD_ARRAYS = (np.ndarray, *_CONTAINERS)  # an ndarray subclass, or what scan opens
 
 
 def key_part(value: Any) -> Any:
     """``value``'s part of a call key (:func:`call_key`): (dtype, ndim) of an ndarray, the bit
-    length of an int, (-3, binary exponent) of a finite float, a negative tag for a non-finite
-    float and the kinds in ``_INERT_TAGS``, else ``UNKEYED``. Parts of different kinds never
-    compare equal (a dtype is only ever compared with a dtype or a negative int, and equals
-    neither: it would equal ``float``, ``bool`` or ``"f8"``)."""
+    length of an int, (-3, binary exponent) of a finite float and -4 of another float,
+    ``UNKEYED`` for what :func:`scan` looks into (ndarray subclasses, containers), (-9, type,
+    magnitude) of other numbers (NumPy's, int subclasses), and the type of anything else
+    (``self``, ``None``, a dtype, a device array: what a scan records nothing of, or whose
+    calls are never settled on the CPU). Parts of different kinds never compare equal: a
+    dtype is only ever compared with a dtype, an int or a type, and equals none of them (it
+    would equal ``float``, ``np.float64`` or ``"f8"``, which stand in tuples after a tag)."""
     kind = type(value)
     if kind is _ndarray:
         return (value.dtype, value.ndim)
@@ -311,14 +311,16 @@ def key_part(value: Any) -> Any:
         return value.bit_length()
     if kind is float:
         return (-3, math.frexp(value)[1]) if value - value == 0.0 else -4  # inf, nan: no size
-    return _INERT_TAGS.get(kind, UNKEYED)
+    if isinstance(value, _MAY_HOLD_ARRAYS):
+        return UNKEYED
+    bits = magnitude(value)
+    return kind if bits is None else (-9, kind, bits)
 
 
 def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """A key two calls share only if :func:`scan` gives them the same signature and size
-    bucket and neither has device arrays or ndarray subclasses, unless it holds ``UNKEYED``
-    (then it stands for nothing); finer than that (positions, keyword order and exact bit
-    lengths count). The key parts of the arguments, their keywords, and the bit length of the
+    bucket, unless it holds ``UNKEYED`` (then it stands for nothing); finer than that
+    (positions, keyword order, exact bit lengths and the types of other arguments count). The key parts of the arguments, their keywords, and the bit length of the
     ndarrays' bytes. (@gpu's wrapper builds the same parts inline for a function's named
     parameters.)"""
     nbytes = 0

@@ -19,7 +19,8 @@ Fast-path rules, read from the call site's plan (replaced, never mutated):
   reads on every call would double what the fast path adds);
 - else, when ``site.leases`` holds a lease for the call's key (built inline from the named
   parameters, :func:`~vedart.offload.arguments.call_key`'s contract) taken under this plan,
-  the GPU has not been lost since, and ``lease.take()`` allows: call the function, count it
+  the GPU has not been lost since, no device is preferred (a lane's, which a decision checks)
+  and ``lease.take()`` allows: call the function, count it
   as a leased call, record the lease's reason (a bucket the model settled on the CPU, whose
   calls need no decision; ``plan.ticks`` is left to the calls above, whose timing it paces);
 - else, or under a ``veda.force`` block: ``site.slow_call(args, kwargs)`` decides and runs.
@@ -40,6 +41,7 @@ import numpy as np
 from vedart import lifecycle
 from vedart.offload.adaptive import LIGHT_S, TIMED_FIRST_CALLS, TIMED_ONE_IN, Lease
 from vedart.offload.arguments import PLAIN_TYPES, call_key, host_bytes, key_part, value_bytes
+from vedart.offload.force import preferred_device
 from vedart.telemetry import FunctionStats
 
 PREFIX = "_vd_"  # every name the template binds; a parameter starting with it disables inlining
@@ -71,7 +73,8 @@ def gpu_wrapper({parameters}):
             if _vd_site.leases:
                 _vd_held = _vd_site.leases.get({key})
                 if _vd_held is not None and _vd_held[1] is _vd_plan \
-                        and _vd_held[2].unavailable_reason is None and _vd_held[0].take():
+                        and _vd_held[2].unavailable_reason is None \
+                        and _vd_preferred.get() is None and _vd_held[0].take():
                     if _vd_stats is not None:
                         _vd_next(_vd_stats.leased_cpu_calls)
                         _vd_stats.last = _vd_held[0].reason
@@ -214,7 +217,7 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
         "_vd_host_bytes": host_bytes, "_vd_empty": _EMPTY, "_vd_clock": time.perf_counter,
         "_vd_light": LIGHT_S, "_vd_timed_first": TIMED_FIRST_CALLS,
         "_vd_sample_mask": TIMED_ONE_IN - 1, "_vd_int": int, "_vd_key_part": key_part,
-        "_vd_call_key": call_key,
+        "_vd_call_key": call_key, "_vd_preferred": preferred_device, "_vd_sum": sum,
     }
     rendered, count, forward, positional, keywords = [], [], [], [], []
     var_args = var_kwargs = None
@@ -253,8 +256,8 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
     else:  # the named parameters' parts in order, then the bytes' bit length
         key = "(" + "".join(f"{_KEY_PART.format(name=name)}, " for name in named) + \
             "_vd_nbytes.bit_length())"
-        array_bytes = " + ".join(f"({name}.nbytes if _vd_type({name}) is _vd_ndarray else 0)"
-                                 for name in named) or "0"
+        array_bytes = "_vd_sum((" + "".join(  # a flat tuple: a long sum did not compile
+            f"{name}.nbytes if _vd_type({name}) is _vd_ndarray else 0, " for name in named) + "))"
     source = _TEMPLATE.format(
         parameters=str(inspect.Signature(rendered))[1:-1],
         count="\n".join(count),
