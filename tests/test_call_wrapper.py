@@ -112,6 +112,7 @@ def test_parameters_named_like_builtins_or_the_template_own_names() -> None:
         np.testing.assert_array_equal(wrapped(x, **kwargs), function(x, **kwargs))
         assert last_decision(wrapped) == ("cpu", "below threshold: 64 B < 1.0 MB")
 
+
 def test_a_function_of_thousands_of_parameters_is_wrapped() -> None:
     static_runtime()
     names = [f"p{index}" for index in range(5000)]

@@ -28,6 +28,7 @@ from vedart.offload.adaptive import (
     HEAVY_AT_ONCE_S,
     HEAVY_CONFIRM_CALLS,
     LIGHT_S,
+    SAMPLES_KEPT,
     TIMED_FIRST_CALLS,
     TIMED_ONE_IN,
     AdaptiveModel,
@@ -77,6 +78,8 @@ def test_scalar_arguments_size_the_bucket() -> None:
                  NoDevice, ("x", "alpha"))
     assert mixed.signature == "<f4:1;alpha~2^1,steps~2^9"  # bools do not size work
     assert scan((float("nan"), 0.001), {}, NoDevice, ()).signature == ";arg1~2^0"
+    durations = scan((np.timedelta64(5, "s"), np.timedelta64("NaT")), {}, NoDevice, ())
+    assert durations.signature == ""  # not sizes (int() does not take them)
 
 
 def test_a_heavy_call_with_small_arguments_reaches_the_model_and_moves_to_the_gpu(
@@ -343,7 +346,7 @@ def test_leases_keep_the_recheck_schedule_whatever_holds_them(
     model decides every call."""
     def first_recheck(leases: bool) -> int:
         _, model, f, x = scaled_head_on_a_fake_gpu(tmp_path / str(leases))
-        key, signature = settled_on_the_cpu(model, scaled_head, (x, 3, 0.25), gpu_s=16e-3)
+        _, signature = settled_on_the_cpu(model, scaled_head, (x, 3, 0.25), gpu_s=16e-3)
         if not leases:
             monkeypatch.setattr(model, "lease", lambda *args: None)
         choices = counting_choices(model, monkeypatch)
@@ -454,6 +457,73 @@ def test_leased_calls_leave_the_fast_path_timing_alone(
         f(small, 3)
         f(x, 3)
     assert len(clock_reads) == 2 * TIMED_FIRST_CALLS + 2
+
+
+def settled_on_the_fits(model: AdaptiveModel, x: np.ndarray) -> str:
+    """Teach ``model`` both paths of ``head_of(x, k)`` at k = 8 and 32 and the CPU alone at
+    k = 128, whose GPU time the fits over the other two predict (far slower): the signature
+    of k = 8."""
+    for k, seconds in ((8, {"cpu": 1e-4, "gpu": 1e-2}), (32, {"cpu": 4e-4, "gpu": 1.1e-2}),
+                       (128, {"cpu": 1.6e-3})):
+        facts = scan((x, k), {}, NoDevice, ("x", "k"))
+        for path, each in seconds.items():
+            for _ in range(EXPLORE_TRIES + 1):
+                model.observe(key_of(head_of), facts.signature, facts.host_bytes, path, each)
+    return scan((x, 8), {}, NoDevice, ("x", "k")).signature
+
+
+def head_of(x: np.ndarray, k: int) -> np.ndarray:
+    return x[:4] * k
+
+
+def test_a_bucket_settled_on_the_fits_runs_on_a_lease_while_they_hold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The re-check of a bucket settled against a predicted time comes on the same call with
+    leases as without, while learning at another size moves the fits."""
+    def first_recheck(leases: bool) -> tuple[int, int]:
+        runtime = runtime_with_profile(tmp_path / str(leases))
+        model = runtime.cost_model
+        assert model is not None
+        f, x = veda.gpu(head_of), np.random.default_rng().random(2**17)
+        other = settled_on_the_fits(model, x)
+        decision = f.explain(x, 128)
+        assert decision.path == "cpu" and not decision.timed
+        if not leases:
+            monkeypatch.setattr(model, "lease", lambda *args: None)
+        choices = counting_choices(model, monkeypatch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", veda.OffloadWarning)  # the fake GPU fails
+            for call in range(1, 3000):
+                f(x, 128)
+                if call % 37 == 0:  # learning at another size moves the fits
+                    model.observe(key_of(head_of), other, x.nbytes, "gpu",
+                                  1e-2 * (1 + call % 3))
+                if choices[-1:] == ["gpu"]:
+                    return call, len(choices)
+        raise AssertionError("no re-check in 3000 calls")
+
+    leased_at, asked_leased = first_recheck(leases=True)
+    rechecked_at, asked = first_recheck(leases=False)
+    assert leased_at == rechecked_at > 100 and asked == rechecked_at
+    assert asked_leased < asked / 4  # the model asked only when the fits had moved
+    # Fits that come to predict the GPU faster end the lease: the model chooses again.
+    runtime = runtime_with_profile(tmp_path / "moved")
+    model = runtime.cost_model
+    assert model is not None
+    f, x = veda.gpu(head_of), np.random.default_rng().random(2**17)
+    settled_on_the_fits(model, x)
+    choices = counting_choices(model, monkeypatch)
+    f(x, 128)
+    f(x, 128)
+    assert choices == ["cpu"]
+    for k in (8, 32):
+        facts = scan((x, k), {}, NoDevice, ("x", "k"))
+        for _ in range(SAMPLES_KEPT):
+            model.observe(key_of(head_of), facts.signature, facts.host_bytes, "gpu", 1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", veda.OffloadWarning)  # tried: the fake GPU fails
+        f(x, 128)
+    assert choices == ["cpu", "gpu"]
 
 
 def test_a_lease_counts_each_call_as_the_model_counts_a_settled_one() -> None:

@@ -8,10 +8,10 @@ to its arguments, so the CPU wins at every size); 5 us for the model's choice pl
 step for a bucket settled on the GPU (no device work: the model alone). The settled rows run
 twice: with an array alone (the fast path skips the model below the size it settled on the
 CPU) and with an ``int`` too (a number may size the work, so the model is asked; its settled
-calls run on leases). Each runtime's staging loop is loaded before its rows are timed: while it loads (about a second after
-``init``), its thread holds the interpreter lock for long stretches, which read as 0.4-0.5 us
-more per below-floor call on the H100 (2026-11-24: 0.77-0.88 us, then 0.33-0.39 us waiting), a
-cost of the first second, not of the fast path.
+calls run on leases). Each runtime's staging loop is loaded before its rows are timed: while
+it loads (about a second after ``init``), its thread holds the interpreter lock for long
+stretches, which read as 0.4-0.5 us more per below-floor call on the H100 (2026-11-24:
+0.77-0.88 us, then 0.33-0.39 us waiting), a cost of the first second, not of the fast path.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def head_sum(x: np.ndarray) -> Any:
 
 
 def head_sum_of(x: np.ndarray, count: int) -> Any:
+    """``head_sum`` with the count an argument: a number that may size the work."""
     return x[:count].sum()
 
 

@@ -326,27 +326,31 @@ class Lease:
     counts the call as :meth:`AdaptiveModel.choose` counts a settled one, so re-checks come on
     the same call with or without leases, whichever call sites and threads hold them."""
 
-    __slots__ = ("_lock", "_bucket", "_choice", "_revisit", "_ledger", "reason")
+    __slots__ = ("_bucket", "_choice", "_fits", "_ledger", "_lock", "_revisit", "reason")
 
     def __init__(self, lock: threading.Lock, bucket: _Bucket,
                  choice: tuple[Choice, bool, dict[str, Any] | None], revisit: _Revisit,
-                 ledger: _Ledger) -> None:
+                 ledger: _Ledger,
+                 fits: tuple[dict[tuple[str, str], Any], tuple[str, str]] | None) -> None:
         self._lock = lock
         self._bucket = bucket
         self._choice = choice
         self._revisit = revisit
         self._ledger = ledger
+        self._fits = fits  # (the model's fit cache, the key of the fits the choice read)
         self.reason = choice[0].reason
 
     def take(self) -> bool:
         """Count one call of the settled path; False, counting nothing, once the bucket's
-        choice or re-check schedule changed or a re-check is due or under way (then the model
-        decides the call, and defers the re-check within :func:`rechecks_deferred`, as it
-        would have: a settled call before it counts the same deferred or not)."""
-        bucket, revisit = self._bucket, self._revisit
+        choice, the fits it read or its re-check schedule changed, or a re-check is due or
+        under way (then the model decides the call, and defers the re-check within
+        :func:`rechecks_deferred`, as it would have: a settled call before it counts the same
+        deferred or not)."""
+        bucket, revisit, fits = self._bucket, self._revisit, self._fits
         with self._lock:
             if bucket.choice is not self._choice or bucket.revisit is not revisit \
-                    or revisit.recheck_left > 0 or revisit.calls_left <= 1:
+                    or revisit.recheck_left > 0 or revisit.calls_left <= 1 \
+                    or fits is not None and fits[0].get(fits[1]) is not self._choice[2]:
                 return False
             _count_settled(bucket, revisit, revisit.chosen, self._ledger, True)
             return True
@@ -464,19 +468,24 @@ class AdaptiveModel:
             return self._revisit_or(choice, state, key, signature, nbytes, peek)
 
     def lease(self, key: str, signature: str, nbytes: int, path: str) -> Lease | None:
-        """A :class:`Lease` on the bucket of this call, settled on ``path`` on its own samples,
-        or None when it is not (exploring, a re-check under way or due, or settled since on
-        the other path)."""
+        """A :class:`Lease` on the bucket of this call, settled on ``path`` (on its own
+        samples, or on the fits over the function's other sizes while they are the current
+        ones), or None when it is not (exploring, a re-check under way or due, or settled
+        since on the other path)."""
         with self._lock:
             state = self._buckets.get((key, signature, size_bucket(nbytes)))
             cached = None if state is None else state.choice
-            if cached is None or cached[2] is not None or cached[0].path != path:
+            if cached is None or cached[0].path != path or not cached[1]:
+                return None
+            fitted = (key, family(signature))
+            if cached[2] is not None and self._fit_cache.get(fitted) is not cached[2]:
                 return None
             assert state is not None
             revisit = state.revisit
             if revisit is None or revisit.chosen != path or revisit.recheck_left > 0:
                 return None
-            return Lease(self._lock, state, cached, revisit, self._ledger(key))
+            return Lease(self._lock, state, cached, revisit, self._ledger(key),
+                         None if cached[2] is None else (self._fit_cache, fitted))
 
     def _bucket_choice(self, state: _Bucket, key: str, signature: str, nbytes: int
                        ) -> tuple[Choice, bool]:

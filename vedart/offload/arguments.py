@@ -211,9 +211,10 @@ MAGNITUDE_MOST = 64
 
 def magnitude(value: Any) -> int | None:
     """``floor(log2(|value|))`` (0 below 2, at most ``MAGNITUDE_MOST``) of a number that may
-    size work, else None (bools, non-finite floats, anything not an int or float)."""
-    if not isinstance(value, _NUMBERS) or isinstance(value, (bool, np.bool_)):
-        return None
+    size work, else None (bools, durations, non-finite floats, anything not an int or
+    float)."""
+    if not isinstance(value, _NUMBERS) or isinstance(value, (bool, np.bool_, np.timedelta64)):
+        return None  # (a timedelta64 is an np.integer that int() does not take)
     if isinstance(value, (int, np.integer)):
         return min(max(abs(int(value)).bit_length() - 1, 0), MAGNITUDE_MOST)
     value = float(value)
@@ -320,8 +321,9 @@ def key_part(value: Any) -> Any:
 def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """A key two calls share only if :func:`scan` gives them the same signature and size
     bucket, unless it holds ``UNKEYED`` (then it stands for nothing); finer than that
-    (positions, keyword order, exact bit lengths and the types of other arguments count). The key parts of the arguments, their keywords, and the bit length of the
-    ndarrays' bytes. (@gpu's wrapper builds the same parts inline for a function's named
+    (positions, keyword order, exact bit lengths and the types of other arguments count):
+    the key parts of the arguments, their keywords, and the bit length of the ndarrays'
+    bytes. (@gpu's wrapper builds the same parts inline for a function's named
     parameters.)"""
     nbytes = 0
     for value in (*args, *kwargs.values()) if kwargs else args:

@@ -40,7 +40,13 @@ import numpy as np
 
 from vedart import lifecycle
 from vedart.offload.adaptive import LIGHT_S, TIMED_FIRST_CALLS, TIMED_ONE_IN, Lease
-from vedart.offload.arguments import PLAIN_TYPES, call_key, host_bytes, key_part, value_bytes
+from vedart.offload.arguments import (
+    PLAIN_TYPES,
+    call_key,
+    host_bytes,
+    key_part,
+    value_bytes,
+)
 from vedart.offload.force import preferred_device
 from vedart.telemetry import FunctionStats
 

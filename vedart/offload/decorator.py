@@ -176,10 +176,13 @@ class _Plan:
 
 
 def _as_given(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The binding of a call site without a wrapper (``_wrap`` sets the wrapper's): the
+    arguments as given."""
     return args, kwargs
 
 
 def _key_as_given(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    """The call key of a call site without a wrapper (``_wrap`` sets the wrapper's)."""
     return call_key(args, kwargs)
 
 
