@@ -339,6 +339,23 @@ def test_a_lease_ends_when_its_bucket_changes_and_never_holds_under_force(
     assert choices == ["cpu", "gpu"]
 
 
+def until_rechecked(model: AdaptiveModel, monkeypatch: pytest.MonkeyPatch, leases: bool,
+                    step: Any, calls: int) -> tuple[int, int]:
+    """Run ``step(call)`` for calls 1, 2, ... until the model answers one with the GPU (a
+    re-check): that call's number, and how many calls asked the model. Without ``leases``
+    the model lends none."""
+    if not leases:
+        monkeypatch.setattr(model, "lease", lambda *args: None)
+    choices = counting_choices(model, monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", veda.OffloadWarning)  # the fake GPU fails
+        for call in range(1, calls):
+            step(call)
+            if choices[-1:] == ["gpu"]:
+                return call, len(choices)
+    raise AssertionError(f"no re-check in {calls} calls")
+
+
 def test_leases_keep_the_recheck_schedule_whatever_holds_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two call keys of one bucket (scale 0.25 and 0.75 are both scale~2^0) alternate, and
@@ -347,17 +364,11 @@ def test_leases_keep_the_recheck_schedule_whatever_holds_them(
     def first_recheck(leases: bool) -> int:
         _, model, f, x = scaled_head_on_a_fake_gpu(tmp_path / str(leases))
         _, signature = settled_on_the_cpu(model, scaled_head, (x, 3, 0.25), gpu_s=16e-3)
-        if not leases:
-            monkeypatch.setattr(model, "lease", lambda *args: None)
-        choices = counting_choices(model, monkeypatch)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", veda.OffloadWarning)  # the fake GPU fails
-            for call in range(1, 2000):
-                f(x, 3, 0.25 if call % 2 else 0.75)
-                model.observe("another", signature, 4 * x.nbytes, "cpu", 1e-3 * call)
-                if choices[-1:] == ["gpu"]:
-                    return call
-        raise AssertionError("no re-check in 2000 calls")
+
+        def step(call: int) -> None:
+            f(x, 3, 0.25 if call % 2 else 0.75)
+            model.observe("another", signature, 4 * x.nbytes, "cpu", 1e-3 * call)
+        return until_rechecked(model, monkeypatch, leases, step, 2000)[0]
 
     rechecked_at = first_recheck(leases=False)
     assert rechecked_at > 100  # a path 16x slower: re-checked hundreds of calls apart
@@ -488,19 +499,12 @@ def test_a_bucket_settled_on_the_fits_runs_on_a_lease_while_they_hold(
         other = settled_on_the_fits(model, x)
         decision = f.explain(x, 128)
         assert decision.path == "cpu" and not decision.timed
-        if not leases:
-            monkeypatch.setattr(model, "lease", lambda *args: None)
-        choices = counting_choices(model, monkeypatch)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", veda.OffloadWarning)  # the fake GPU fails
-            for call in range(1, 3000):
-                f(x, 128)
-                if call % 37 == 0:  # learning at another size moves the fits
-                    model.observe(key_of(head_of), other, x.nbytes, "gpu",
-                                  1e-2 * (1 + call % 3))
-                if choices[-1:] == ["gpu"]:
-                    return call, len(choices)
-        raise AssertionError("no re-check in 3000 calls")
+
+        def step(call: int) -> None:
+            f(x, 128)
+            if call % 37 == 0:  # learning at another size moves the fits
+                model.observe(key_of(head_of), other, x.nbytes, "gpu", 1e-2 * (1 + call % 3))
+        return until_rechecked(model, monkeypatch, leases, step, 3000)
 
     leased_at, asked_leased = first_recheck(leases=True)
     rechecked_at, asked = first_recheck(leases=False)
