@@ -475,7 +475,7 @@ class AdaptiveModel:
         with self._lock:
             state = self._buckets.get((key, signature, size_bucket(nbytes)))
             cached = None if state is None else state.choice
-            if cached is None or cached[0].path != path or not cached[1]:
+            if cached is None or cached[0].path != path:
                 return None
             fitted = (key, family(signature))
             if cached[2] is not None and self._fit_cache.get(fitted) is not cached[2]:

@@ -63,7 +63,6 @@ from vedart.offload.adaptive import (
 from vedart.offload.arguments import (
     CONTAINER_DEPTH,
     ArgumentFacts,
-    call_key,
     iter_arrays,
     keyed,
     map_arrays,
@@ -175,17 +174,6 @@ class _Plan:
     device_type: type = _NoDeviceArray
 
 
-def _as_given(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The binding of a call site without a wrapper (``_wrap`` sets the wrapper's): the
-    arguments as given."""
-    return args, kwargs
-
-
-def _key_as_given(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
-    """The call key of a call site without a wrapper (``_wrap`` sets the wrapper's)."""
-    return call_key(args, kwargs)
-
-
 LEASES_KEPT = 64  # call keys a call site holds leases for; more start afresh
 
 
@@ -254,9 +242,6 @@ class _Offload:
         self._clone: Callable[..., Any] | None = None
         self.reach: Reach | None = None  # the helpers its clone reaches, once it is made
         self._heavy_suspect: int | None = None  # the fast-path call a possible stall was seen at
-        # Set by _wrap to the wrapper's binding and call key (call_wrapper.Wrapper).
-        self.binding: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]] = _as_given
-        self.key_of_call: Callable[..., tuple[Any, ...]] = _key_as_given
         # Leases on CPU-settled buckets, with the plan and GPU context each was taken under,
         # by call key: the wrapper runs a call on one (call_wrapper), slow_call takes them.
         self.leases: dict[tuple[Any, ...], tuple[Lease, _Plan, GPUContext]] = {}
@@ -277,6 +262,8 @@ class _Offload:
                 raise ConfigError(f"writes: got {list(options.writes)}; allowed: parameter names "
                                   f"of {self.name} {list(self._signature.parameters)} "
                                   f"(unknown: {unknown})")
+        # What users call, the (args, kwargs) it hands on, and its call key (call_wrapper).
+        self.wrapper, self.binding, self.key_of_call = build_wrapper(func, self, forced_path)
 
     def refresh(self) -> _Plan:
         """Rebuild the plan for the current runtime (first call, after init or shutdown)."""
@@ -418,9 +405,7 @@ class _Offload:
         the key of these arguments, if they have one, the model gives one and ``plan`` is
         current."""
         runtime = plan.runtime
-        assert runtime is not None and runtime.cost_model is not None
-        if runtime.gpu is None or preferred_device.get() is not None:
-            return  # (a preferred device the runtime lacks is refused: decide each call)
+        assert runtime is not None and runtime.cost_model is not None and runtime.gpu is not None
         where = self.key_of_call(*args, **kwargs)
         if not keyed(where):
             return
@@ -920,8 +905,7 @@ def _wrap(func: Callable[..., Any], options: OffloadOptions) -> Callable[..., An
                         f"returns; allowed: a plain function (decorate the function it calls "
                         f"per item)")
     offload = _Offload(func, options)
-    gpu_wrapper, offload.binding, offload.key_of_call = build_wrapper(func, offload,
-                                                                       forced_path)
+    gpu_wrapper = offload.wrapper
 
     def plan_call(*args: Any, **kwargs: Any) -> PlannedCall:
         """A call with these arguments, decided now and not yet run (see PlannedCall)."""
