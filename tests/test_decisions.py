@@ -5,12 +5,14 @@ timings are injected through the model's interface (``observe``); the CPU's are 
 from __future__ import annotations
 
 import enum
+import importlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import pytest
 from fakes import FakeProbe
 
 import vedart as veda
-from vedart.offload import call_wrapper, decorator
+from vedart.offload import call_wrapper, decorator, imports
 from vedart.offload.adaptive import (
     ADAPTIVE_FLOOR,
     EXPLORE_BUDGET,
@@ -153,6 +155,98 @@ def test_a_second_stall_makes_a_function_heavy_only_soon_after_the_first(
     for _ in range(TIMED_ONE_IN):  # the next timed call stalls too, within the window
         f(1)
     assert f.explain(1).reason.startswith("adaptive: "), f.explain(1).reason
+
+
+@pytest.fixture
+def slow_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Makes a module whose import takes ``seconds`` (a lazy import's stall), to be imported
+    by name; removed from ``sys.modules`` afterwards."""
+    made: list[str] = []
+    folder = tmp_path / "modules"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+
+    def make(seconds: float) -> str:
+        name = f"vd_lazy_{len(made)}_{os.getpid()}"
+        (folder / f"{name}.py").write_text(f"import time\ntime.sleep({seconds})\nONE = 1\n")
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        sys.modules.pop(name, None)
+
+
+def importing(module: str, work_s: float) -> Any:
+    """A function that imports ``module`` on its first call, and works ``work_s`` a call."""
+    def work(n: int, x: Any = None) -> int:
+        one = importlib.import_module(module).ONE
+        if work_s:
+            time.sleep(work_s)
+        return n + one
+    work.__qualname__ = f"work_{module}"  # a key of its own
+    return work
+
+
+def cpu_samples(model: AdaptiveModel, function: Any, signature: str, nbytes: int) -> list[float]:
+    buckets = model._data["functions"].get(key_of(function), {})
+    samples = buckets.get(f"{signature}|{max(nbytes, 1).bit_length() - 1}", {"cpu": []})
+    return [seconds for seconds, _ in samples["cpu"]]
+
+
+def test_only_modules_of_the_calls_own_count_as_imported(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    def added(*names: str) -> bool:
+        before = imports.modules_loaded()
+        for name in names:
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+        return imports.imported_since(before, 0.01)
+
+    assert not added()
+    # the standard library's and vedart's background packages' (other threads import them)
+    assert not added("xml.vd_probe", "numba.vd_probe", "cupy.vd_probe", "vedart.vd_probe")
+    assert added("numba.vd_probe2", "vd_users_own_module")
+
+    class Loading:  # the staging loop loading: its loader imports whatever its packages need
+        def loading_within(self, seconds: float) -> bool:
+            return seconds == 0.01
+
+    monkeypatch.setattr(imports, "current_engine", lambda: types.SimpleNamespace(loop=Loading()))
+    assert not added("vd_users_other_module")
+
+
+def test_a_first_call_that_imports_does_not_make_a_light_function_heavy(
+        tmp_path: Path, slow_import: Any) -> None:
+    runtime = runtime_with_profile(tmp_path)
+    assert runtime.cost_model is not None
+    function = importing(slow_import(3 * HEAVY_AT_ONCE_S), 0.0)
+    f = veda.gpu(function)
+    for _ in range(3 * HEAVY_CONFIRM_CALLS):
+        assert f(7) == 8
+    assert f.explain(7).reason == "below threshold: 0 B < 65.5 KB"
+    assert key_of(function) not in runtime.cost_model._data["functions"]
+
+
+@pytest.mark.parametrize("above_floor", [False, True])
+def test_a_heavy_function_whose_first_call_imports_learns_its_work_not_the_import(
+        tmp_path: Path, slow_import: Any, above_floor: bool) -> None:
+    # Below the floor the fast path times the calls; above it, the model's exploring CPU calls.
+    runtime = runtime_with_profile(tmp_path)
+    model = runtime.cost_model
+    assert model is not None
+    function = importing(slow_import(0.2), 2 * LIGHT_S)
+    f = veda.gpu(function)
+    x = np.random.default_rng(3).random(2 * ADAPTIVE_FLOOR // 8)
+    args, signature = ((7, x), "<f8:1;n~2^2") if above_floor else ((7,), ";n~2^2")
+    nbytes = x.nbytes if above_floor else 0
+    if above_floor:
+        assert f.explain(*args).learned
+    assert f(*args) == 8  # imported: a stall, not learned
+    assert cpu_samples(model, function, signature, nbytes) == []
+    assert f(*args) == 8  # heavy again, importing nothing: work
+    assert f.explain(*args).reason.startswith("adaptive: "), f.explain(*args).reason
+    learned = cpu_samples(model, function, signature, nbytes)
+    assert len(learned) == 1 and learned[0] < 0.1, learned  # not the 0.2 s import
 
 
 @pytest.mark.parametrize("telemetry", [True, False])
@@ -554,7 +648,7 @@ def test_a_lease_counts_each_call_as_the_model_counts_a_settled_one() -> None:
     assert not lease.take() and model.lease("f", SETTLED_SIG, 2**20, "cpu") is None
 
 
-SETTLED_SIG = "<f8:1;n~2^3"
+SETTLED_SIG = "<f8:1;n~2^2"
 
 
 def settle(model: AdaptiveModel) -> None:

@@ -80,6 +80,7 @@ from vedart.offload.failures import (
     lost_context_reason,
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
+from vedart.offload.imports import imported_since, modules_loaded
 from vedart.offload.linalg_status import raise_errors_here
 from vedart.offload.results import (
     HOST_LEAVES,
@@ -327,11 +328,16 @@ class _Offload:
                 else (plan.threshold, "below threshold"))
 
     def heavy_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float,
-                   call_index: int) -> None:
+                   call_index: int, loaded_before: int) -> None:
         """Fast-path call number ``call_index``, below the floor, took ``seconds`` (at least
-        ``LIGHT_S``) on the CPU: teach the model that time, so this function's calls reach it
-        from now on; a call under ``HEAVY_AT_ONCE_S`` only when another came within
-        ``HEAVY_CONFIRM_CALLS`` calls before it."""
+        ``LIGHT_S``) on the CPU, beginning with ``loaded_before`` modules loaded: teach the
+        model that time, so this function's calls reach it from now on; a call under
+        ``HEAVY_AT_ONCE_S`` only when another came within ``HEAVY_CONFIRM_CALLS`` calls before
+        it. A call that imported modules is a stall whatever its length: it is never learned,
+        and only a call after it can confirm it."""
+        if imported_since(loaded_before, seconds):
+            self._heavy_suspect = call_index
+            return
         if seconds < HEAVY_AT_ONCE_S:
             suspect, self._heavy_suspect = self._heavy_suspect, call_index
             if suspect is None or not 0 < call_index - suspect <= HEAVY_CONFIRM_CALLS:
@@ -465,11 +471,15 @@ class _Offload:
         return None
 
     def learn(self, runtime: Runtime, decision: Decision, facts: ArgumentFacts,
-               seconds: float) -> None:
+               seconds: float, *, imported: bool = False) -> None:
         """Feed the adaptive model the end-to-end time of a call it chose to time (exploring or
         re-checking); the first GPU run of each function (clone, kernel compilation) is warm-up
-        and not learned from."""
+        and not learned from, nor is a call that ``imported`` modules (a stall:
+        :mod:`~vedart.offload.imports`)."""
         if runtime.cost_model is None or not decision.learned:
+            return
+        if imported:  # it woke its path all the same, as a warm-up does
+            runtime.cost_model.woke(self.key, facts.signature, facts.host_bytes, decision.path)
             return
         if decision.path == "gpu" and (
                 not self._gpu_warm
@@ -730,12 +740,15 @@ class PlannedCall:
             raise GPUUnavailableError(f"{self._offload.name}: {decision.reason} "
                                       "(fallback='raise')")
         if decision.path == "cpu":
-            started = time.perf_counter() if decision.learned else 0.0  # settled: no clock
+            if not decision.learned:  # settled: no clock
+                return self._offload.run_on_cpu(self._plan, "cpu", decision.reason, self.args,
+                                                 self.kwargs)
+            loaded, started = modules_loaded(), time.perf_counter()
             result = self._offload.run_on_cpu(self._plan, "cpu", decision.reason, self.args,
                                                self.kwargs)
-            if decision.learned:
-                self._offload.learn(self._runtime, decision, self.facts,
-                                     time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self._offload.learn(self._runtime, decision, self.facts, seconds,
+                                 imported=imported_since(loaded, seconds))
             return result
         # One thread runs both phases: no phase bookkeeping (see launch and land for lanes).
         offload, started = self._offload, time.perf_counter()
