@@ -457,6 +457,51 @@ def test_writes_are_copied_back_and_undeclared_writes_are_not() -> None:
     assert last(scale_into)[0] == "gpu"
 
 
+class LeastSquares:
+    """A user's class with a decorated method that stores its results on ``self``."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.coef: Any = None
+
+    @veda.gpu(force="gpu")
+    def fit(self, x: np.ndarray, y: np.ndarray) -> LeastSquares:
+        self.coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        self.residual = float(np.linalg.norm(x @ self.coef - y))
+        self.history = [self.coef.copy(), np.float64(self.residual)]
+        return self
+
+    @veda.gpu(force="gpu")
+    def fit_then_fail(self, x: np.ndarray) -> float:
+        self.steps += 1  # once, as on the CPU: the re-run starts from the caller's state
+        self.coef = x.sum(axis=0)
+        return float(np.nanpercentile(x, 50))  # CuPy lacks it: the CPU re-runs the call
+
+
+def test_attributes_a_method_assigns_to_self_hold_numpy_values_as_on_the_cpu() -> None:
+    rng = np.random.default_rng()
+    x, y = rng.random((2000, 16)), rng.random(2000)
+    model, on_cpu = LeastSquares(3), LeastSquares(3)
+    assert model.fit(x, y) is model  # the caller's own object, not a copy
+    assert last(LeastSquares.fit)[0] == "gpu"
+    LeastSquares.fit.__wrapped__(on_cpu, x, y)
+    assert_same(model.coef, on_cpu.coef, rtol=1e-8)
+    assert type(model.residual) is float and model.steps == 3
+    assert_same(model.history, on_cpu.history, rtol=1e-8)
+
+
+def test_a_failed_gpu_attempt_leaves_self_as_the_cpu_run_leaves_it() -> None:
+    x = np.random.default_rng().random((500, 4))
+    model = LeastSquares(3)
+    with pytest.warns(veda.OffloadWarning, match="re-ran on CPU"):
+        median = model.fit_then_fail(x)
+    assert last(LeastSquares.fit_then_fail)[0] == "fallback"
+    assert median == float(np.nanpercentile(x, 50))
+    assert type(model.coef) is np.ndarray
+    np.testing.assert_array_equal(model.coef, x.sum(axis=0))
+    assert model.steps == 4
+
+
 def test_returns_device_keeps_cupy_arrays_and_to_host_converts() -> None:
     import cupy
 

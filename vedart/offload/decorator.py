@@ -68,6 +68,7 @@ from vedart.offload.arguments import (
     map_arrays,
     scan,
 )
+from vedart.offload.assigned import ArgumentObjects
 from vedart.offload.call_wrapper import build_wrapper
 from vedart.offload.cost import Decision, Forcing, decide
 from vedart.offload.failures import (
@@ -528,7 +529,9 @@ class _Offload:
         30-100 us per call on the H100), so ``moved_in`` marks when the host had handed the
         inputs over. ``device`` is made current only when it is not already (a lane has made
         its own current; entering a device context costs a few microseconds a call).
-        ``uploads=False``: the arguments hold no host input, and are not walked."""
+        ``uploads=False``: the arguments hold no host input, and are not walked. Attributes
+        the clone assigns to the objects among the arguments are put back when it raises
+        (:mod:`~vedart.offload.assigned`)."""
         import cupy
 
         device_function = self._device_function()
@@ -540,6 +543,7 @@ class _Offload:
         started = time.perf_counter()
         made_arrays: list[Any] = []  # 0-d arguments stay 0-d arrays
         pinned_inputs: list[Staged] = []  # copies of small inputs, until the stream is waited for
+        assigned = ArgumentObjects(args, kwargs)
         token = made_recording.set(made_arrays)
         try:
             device_args, device_kwargs = args, kwargs
@@ -563,23 +567,27 @@ class _Offload:
             finally:
                 error_modes.linalg = linalg_mode  # a store: no call an interrupt could precede
         except BaseException:
+            assigned.restore()
             if pinned_inputs:  # their blocks go back to the pool: let the copies out end first
                 _settle(device, stream)
             raise
         finally:
             made_recording.reset(token)
         return _Launch(device, stream, engine, device_args, device_kwargs, result, started,
-                       moved_in, made_arrays, pinned_inputs)
+                       moved_in, made_arrays, pinned_inputs, assigned)
 
     def land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
-        """Wait for a launch, bring its results (and ``writes=`` arguments) to the host, and
-        only then copy the writes into the caller's ``args``/``kwargs``. Whatever device is
-        current: each result comes back through its own device's current stream, which is
-        the launch's (a lane keeps its stream current for both phases)."""
+        """Wait for a launch, bring its results (and ``writes=`` arguments, and device arrays
+        it assigned to the argument objects' attributes) to the host, and only then copy the
+        writes into the caller's ``args``/``kwargs``; on a failure, put the objects'
+        attributes back. Whatever device is current: each result comes back through its own
+        device's current stream, which is the launch's (a lane keeps its stream current for
+        both phases)."""
         try:
             return self._land(launch, reason, bytes_to_device, args, kwargs)
         except BaseException:
+            launch.assigned.restore()
             if launch.pinned_inputs:  # as in launch: the copies out of them end first
                 _settle(launch.device, launch.stream)
             raise
@@ -604,11 +612,16 @@ class _Offload:
                                              launch.device_kwargs)
             bytes_to_host = sum(host.nbytes for _, _, host in write_backs)
         if self._returns_host:
+            copy = to_host if launch.engine is None else launch.engine.to_host
+            if launch.assigned:  # first: a result may be one of these objects (return self)
+                bytes_to_host += launch.assigned.to_host(functools.partial(
+                    results_to_host, device_type=cupy.ndarray, made_arrays=launch.made_arrays,
+                    copy=copy))
             result, result_bytes = results_to_host(
                 result, cupy.ndarray, made_arrays=launch.made_arrays,
                 writes={id(device): (device, original) for original, device, _ in write_backs}
                 if write_backs else None,
-                copy=to_host if launch.engine is None else launch.engine.to_host)
+                copy=copy)
             bytes_to_host += result_bytes
             unconverted = [] if isinstance(result, HOST_LEAVES) else \
                 unconverted_paths(result, cupy.ndarray)
@@ -680,6 +693,7 @@ class _Launch:
     moved_in: float
     made_arrays: list[Any]  # 0-d device arrays that come back as 0-d arrays
     pinned_inputs: list[Staged]  # pinned copies the uploads read: kept until the stream is done
+    assigned: ArgumentObjects  # the argument objects' attributes before the launch
 
 
 class PlannedCall:
