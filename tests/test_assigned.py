@@ -4,12 +4,13 @@ the device's; the GPU tests run the same through ``@veda.gpu``."""
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
 import numpy as np
 
-from vedart.offload.assigned import ArgumentObjects
+from vedart.offload.assigned import ArgumentObjects, bound_arguments
 
 
 class Device:
@@ -78,3 +79,23 @@ def test_only_objects_among_the_arguments_are_watched() -> None:
     namespace.a = Device(3)
     assert objects.to_host(converted) == 16  # the model counted once
     assert model.added == 2 and namespace.a == 3
+
+
+def test_objects_a_bound_method_or_partial_holds_are_arguments_too() -> None:
+    first, second, third = Model(), Model(), Model()
+
+    def fit(model: Model, other: Model, *, last: Model) -> None:
+        pass
+
+    class Holder:
+        def fit(self, x: Any) -> None:
+            pass
+
+    holder = Holder()
+    assert bound_arguments(fit) == ()
+    assert bound_arguments(holder.fit) == (holder,)
+    nested = functools.partial(functools.partial(fit, first, last=third), second)
+    assert bound_arguments(nested) == (first, second, third)
+    objects = ArgumentObjects((), {}, bound_arguments(holder.fit))
+    holder.coef = Device(5)
+    assert objects.to_host(converted) == 8 and holder.coef == 5

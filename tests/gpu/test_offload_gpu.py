@@ -471,6 +471,9 @@ class LeastSquares:
         self.history = [self.coef.copy(), np.float64(self.residual)]
         return self
 
+    def solve(self, x: np.ndarray, y: np.ndarray) -> None:  # wrapped by the caller
+        self.coef = np.linalg.solve(x.T @ x, x.T @ y)
+
     @veda.gpu(force="gpu")
     def fit_then_fail(self, x: np.ndarray) -> float:
         self.steps += 1  # once, as on the CPU: the re-run starts from the caller's state
@@ -488,6 +491,11 @@ def test_attributes_a_method_assigns_to_self_hold_numpy_values_as_on_the_cpu() -
     assert_same(model.coef, on_cpu.coef, rtol=1e-8)
     assert type(model.residual) is float and model.steps == 3
     assert_same(model.history, on_cpu.history, rtol=1e-8)
+    solve = veda.gpu(force="gpu")(model.solve)  # a bound method: self is no argument
+    solve(x, y)
+    assert last(solve)[0] == "gpu"
+    on_cpu.solve(x, y)
+    assert_same(model.coef, on_cpu.coef, rtol=1e-8)
 
 
 def test_a_failed_gpu_attempt_leaves_self_as_the_cpu_run_leaves_it() -> None:

@@ -8,8 +8,9 @@ succeeds, each attribute it assigned (a value other than the one it held before 
 converted as results are (:func:`~vedart.offload.results.results_to_host`: the same types,
 objects made in the call given their class back); after a GPU attempt that fails, every
 attribute is put back as it was before it, so that the CPU re-run starts from the caller's
-state. The objects are the call's own arguments (not those inside containers or other
-objects), and their attributes those in their ``__dict__``, read and written there directly.
+state. The objects are the call's own arguments, including those a bound method or a
+``functools.partial`` holds (not those inside containers or other objects), and their
+attributes those in their ``__dict__``, read and written there directly.
 """
 
 from __future__ import annotations
@@ -35,16 +36,32 @@ def _attributes(value: Any) -> dict[str, Any] | None:
     return attributes if type(attributes) is dict else None
 
 
+def bound_arguments(func: Any) -> tuple[Any, ...]:
+    """The arguments ``func`` passes on by itself: a bound method's object, a partial's
+    arguments (through nested ones)."""
+    bound: list[Any] = []
+    while isinstance(func, (types.MethodType, functools.partial)):
+        if isinstance(func, types.MethodType):
+            bound.append(func.__self__)
+            func = func.__func__
+        else:
+            bound += (*func.args, *func.keywords.values())
+            func = func.func
+    return tuple(bound)
+
+
 class ArgumentObjects:
     """The attributes of a call's argument objects before a GPU attempt (see the module doc);
     false when the call has no such object."""
 
     __slots__ = ("_before",)
 
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 bound: tuple[Any, ...] = ()) -> None:
+        """``bound``: what the function passes on by itself (:func:`bound_arguments`)."""
         self._before: list[tuple[dict[str, Any], dict[str, Any]]] = []
         seen: set[int] = set()
-        for value in (*args, *kwargs.values()):
+        for value in (*bound, *args, *kwargs.values()):
             attributes = _attributes(value)
             if attributes is not None and id(attributes) not in seen:
                 seen.add(id(attributes))

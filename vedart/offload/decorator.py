@@ -68,7 +68,7 @@ from vedart.offload.arguments import (
     map_arrays,
     scan,
 )
-from vedart.offload.assigned import ArgumentObjects
+from vedart.offload.assigned import ArgumentObjects, bound_arguments
 from vedart.offload.call_wrapper import build_wrapper
 from vedart.offload.cost import Decision, Forcing, decide
 from vedart.offload.failures import (
@@ -248,6 +248,7 @@ class _Offload:
         # by call key: the wrapper runs a call on one (call_wrapper), slow_call takes them.
         self.leases: dict[tuple[Any, ...], tuple[Lease, _Plan, GPUContext]] = {}
         self.positional_names = _positional_names(func)
+        self.bound_arguments = bound_arguments(func)  # objects whose attributes a run may set
         # Argument signatures whose GPU attempt failed where the CPU re-run succeeded, with
         # the failure: their calls go to the CPU unless forced.
         self.gpu_failures: dict[str, str] = {}
@@ -543,7 +544,7 @@ class _Offload:
         started = time.perf_counter()
         made_arrays: list[Any] = []  # 0-d arguments stay 0-d arrays
         pinned_inputs: list[Staged] = []  # copies of small inputs, until the stream is waited for
-        assigned = ArgumentObjects(args, kwargs)
+        assigned = ArgumentObjects(args, kwargs, self.bound_arguments)
         token = made_recording.set(made_arrays)
         try:
             device_args, device_kwargs = args, kwargs
