@@ -15,9 +15,10 @@ Fast-path rules, read from the call site's plan (replaced, never mutated):
   record the byte count; below ``plan.watch`` too, time the function's first
   ``TIMED_FIRST_CALLS`` such calls and one in ``TIMED_ONE_IN`` after them, and hand a timed
   call of ``LIGHT_S`` or more to ``site.heavy_call(args, kwargs, seconds, call_index,
-  loaded_before)`` afterwards, with the module count before it (a call that imported is a
-  stall, not work: :mod:`~vedart.offload.imports`) (the fast path must see a function of an ``int`` that runs for seconds; two clock
-  reads on every call would double what the fast path adds);
+  imports_before)`` afterwards (the fast path must see a function of an ``int`` that runs for
+  seconds; two clock reads on every call would double what the fast path adds), with the
+  thread's import count from before the call (:mod:`~vedart.offload.imports`: a call that
+  imported is a stall, not work);
 - else, when ``site.leases`` holds a lease for the call's key (built inline from the named
   parameters, :func:`~vedart.offload.arguments.call_key`'s contract) taken under this plan,
   the GPU has not been lost since, no device is preferred (a lane's, which a decision checks)
@@ -49,7 +50,7 @@ from vedart.offload.arguments import (
     value_bytes,
 )
 from vedart.offload.force import preferred_device
-from vedart.offload.imports import modules_loaded
+from vedart.offload.imports import imports_so_far
 from vedart.telemetry import FunctionStats
 
 PREFIX = "_vd_"  # every name the template binds; a parameter starting with it disables inlining
@@ -71,13 +72,13 @@ def gpu_wrapper({parameters}):
                     _vd_stats.last = _vd_nbytes
                 if _vd_nbytes < _vd_plan.watch and (_vd_call < _vd_timed_first
                                                     or not _vd_call & _vd_sample_mask):
-                    _vd_loaded = _vd_modules_loaded()
+                    _vd_imports = _vd_imports_so_far()
                     _vd_started = _vd_clock()
                     _vd_result = _vd_func({forward})
                     _vd_seconds = _vd_clock() - _vd_started
                     if _vd_seconds >= _vd_light:
                         _vd_site.heavy_call({positional}, {keywords}, _vd_seconds, _vd_call,
-                                            _vd_loaded)
+                                            _vd_imports)
                     return _vd_result
                 return _vd_func({forward})
             if _vd_site.leases:
@@ -149,9 +150,9 @@ class CallSite(Protocol):
         """Decide and run one call."""
 
     def heavy_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float,
-                   call_index: int, loaded_before: int) -> None:
-        """Fast-path call number ``call_index`` took ``seconds`` (at least ``LIGHT_S``),
-        beginning with ``loaded_before`` modules loaded: learn from it."""
+                   call_index: int, imports_before: int) -> None:
+        """Fast-path call number ``call_index`` took ``seconds`` (at least ``LIGHT_S``), begun
+        when this thread's import count was ``imports_before``: learn from it."""
 
 
 class _DefaultName:
@@ -228,7 +229,7 @@ def build_wrapper(func: Callable[..., Any], site: CallSite,
         "_vd_light": LIGHT_S, "_vd_timed_first": TIMED_FIRST_CALLS,
         "_vd_sample_mask": TIMED_ONE_IN - 1, "_vd_int": int, "_vd_key_part": key_part,
         "_vd_call_key": call_key, "_vd_preferred": preferred_device, "_vd_sum": sum,
-        "_vd_modules_loaded": modules_loaded,
+        "_vd_imports_so_far": imports_so_far,
     }
     rendered, count, forward, positional, keywords = [], [], [], [], []
     var_args = var_kwargs = None

@@ -81,7 +81,7 @@ from vedart.offload.failures import (
     lost_context_reason,
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
-from vedart.offload.imports import imported_since, modules_loaded
+from vedart.offload.imports import SET_ASIDE_AT_MOST, imported_since, imports_so_far
 from vedart.offload.linalg_status import raise_errors_here
 from vedart.offload.results import (
     HOST_LEAVES,
@@ -244,6 +244,7 @@ class _Offload:
         self._clone: Callable[..., Any] | None = None
         self.reach: Reach | None = None  # the helpers its clone reaches, once it is made
         self._heavy_suspect: int | None = None  # the fast-path call a possible stall was seen at
+        self._importing_calls_left = SET_ASIDE_AT_MOST  # timed calls that imported, set aside
         # Leases on CPU-settled buckets, with the plan and GPU context each was taken under,
         # by call key: the wrapper runs a call on one (call_wrapper), slow_call takes them.
         self.leases: dict[tuple[Any, ...], tuple[Lease, _Plan, GPUContext]] = {}
@@ -330,15 +331,14 @@ class _Offload:
                 else (plan.threshold, "below threshold"))
 
     def heavy_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float,
-                   call_index: int, loaded_before: int) -> None:
+                   call_index: int, imports_before: int) -> None:
         """Fast-path call number ``call_index``, below the floor, took ``seconds`` (at least
-        ``LIGHT_S``) on the CPU, beginning with ``loaded_before`` modules loaded: teach the
-        model that time, so this function's calls reach it from now on; a call under
+        ``LIGHT_S``) on the CPU, begun when :func:`imports_so_far` was ``imports_before``:
+        teach the model that time, so this function's calls reach it from now on; a call under
         ``HEAVY_AT_ONCE_S`` only when another came within ``HEAVY_CONFIRM_CALLS`` calls before
-        it. A call that imported modules is a stall whatever its length: it is never learned,
-        and only a call after it can confirm it."""
-        if imported_since(loaded_before, seconds):
-            self._heavy_suspect = call_index
+        it. A call that imported modules is set aside (:meth:`_set_aside`): neither learned nor
+        a stall another can confirm."""
+        if self._set_aside(imported_since(imports_before)):
             return
         if seconds < HEAVY_AT_ONCE_S:
             suspect, self._heavy_suspect = self._heavy_suspect, call_index
@@ -351,6 +351,15 @@ class _Offload:
         facts = scan(args, kwargs, self.plan.device_type, self.positional_names)
         model.observe(self.key, facts.signature, facts.host_bytes, "cpu", seconds)
         self._update_learned_floor(runtime)
+
+    def _set_aside(self, imported: bool) -> bool:
+        """Whether a timed call that ``imported`` modules is set aside as a stall: the
+        function's first ``SET_ASIDE_AT_MOST`` such calls are (an import that recurs is
+        work)."""
+        if not imported or self._importing_calls_left <= 0:
+            return False
+        self._importing_calls_left -= 1
+        return True
 
     def current_plan(self) -> _Plan:
         """The plan for the current runtime (rebuilt after init or shutdown)."""
@@ -476,11 +485,12 @@ class _Offload:
                seconds: float, *, imported: bool = False) -> None:
         """Feed the adaptive model the end-to-end time of a call it chose to time (exploring or
         re-checking); the first GPU run of each function (clone, kernel compilation) is warm-up
-        and not learned from, nor is a call that ``imported`` modules (a stall:
-        :mod:`~vedart.offload.imports`)."""
+        and not learned from, nor is an exploring call that ``imported`` modules (a stall:
+        :mod:`~vedart.offload.imports`; a re-check is learned all the same, since it would
+        not come again for hundreds of calls)."""
         if runtime.cost_model is None or not decision.learned:
             return
-        if imported:  # it woke its path all the same, as a warm-up does
+        if decision.exploring and self._set_aside(imported):  # it woke its path all the same
             runtime.cost_model.woke(self.key, facts.signature, facts.host_bytes, decision.path)
             return
         if decision.path == "gpu" and (
@@ -758,12 +768,12 @@ class PlannedCall:
             if not decision.learned:  # settled: no clock
                 return self._offload.run_on_cpu(self._plan, "cpu", decision.reason, self.args,
                                                  self.kwargs)
-            loaded, started = modules_loaded(), time.perf_counter()
+            imports, started = imports_so_far(), time.perf_counter()
             result = self._offload.run_on_cpu(self._plan, "cpu", decision.reason, self.args,
                                                self.kwargs)
-            seconds = time.perf_counter() - started
-            self._offload.learn(self._runtime, decision, self.facts, seconds,
-                                 imported=imported_since(loaded, seconds))
+            self._offload.learn(self._runtime, decision, self.facts,
+                                 time.perf_counter() - started,
+                                 imported=imported_since(imports))
             return result
         # One thread runs both phases: no phase bookkeeping (see launch and land for lanes).
         offload, started = self._offload, time.perf_counter()
