@@ -203,6 +203,24 @@ class Settings:
         return np.zeros(n) + self.scale
 
 
+@dataclasses.dataclass(order=True, frozen=True)
+class Ranked:
+    rank: float = 1.0
+
+    def ramp(self, n: int) -> Any:
+        return np.zeros(n) + self.rank
+
+
+FIRST = Ranked(1.0)
+
+
+def compares_with_objects_made_outside(n: int) -> Any:
+    made, other = Ranked(1.0), Ranked(2.0)  # objects of the device class
+    answers = (made == FIRST, FIRST == made, made != FIRST, other > FIRST, FIRST < other,
+               other == FIRST, FIRST <= made, made >= FIRST, {made: 1}.get(FIRST))
+    return made.ramp(n), answers
+
+
 class Counted:
     made = 0
 

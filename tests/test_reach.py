@@ -222,6 +222,16 @@ def test_a_subclass_defined_in_the_call_answers_its_own_class() -> None:
     assert routed() == 1  # ramp, inherited from the device class, ran as a clone
 
 
+def test_objects_made_in_the_call_compare_with_objects_made_outside_as_on_the_cpu() -> None:
+    # A dataclass's generated __eq__ and ordering compare the objects' __class__.
+    clone, _ = reaching(rm.compares_with_objects_made_outside)
+    values, answers = clone(2)
+    expected_values, expected_answers = rm.compares_with_objects_made_outside(2)
+    np.testing.assert_array_equal(values, expected_values)
+    assert answers == expected_answers == (True, True, False, True, True, False, True, True, 1)
+    assert routed() == 1  # made on the device all the same
+
+
 def test_class_state_written_in_the_call_goes_to_the_class(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rm.Counted, "made", 0)

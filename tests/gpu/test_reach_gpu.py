@@ -57,6 +57,15 @@ def test_an_object_returned_keeps_its_class_and_holds_numpy_arrays(
     np.testing.assert_allclose(model.coef, fitted(*data[:3]).coef, rtol=1e-8)
 
 
+@pytest.mark.parametrize("strength", [0.0, 2.5])
+def test_a_dataclass_made_in_the_call_compares_with_one_made_outside_as_on_the_cpu(
+        data: tuple[Any, ...], strength: float) -> None:
+    x, y = data[:2]
+    got = veda.gpu(force="gpu")(est.ridge_fit)(x, y, strength)
+    assert veda.get_runtime().telemetry.recent()[-1].path == "gpu"
+    np.testing.assert_allclose(got, est.ridge_fit(x, y, strength), rtol=1e-8)
+
+
 @pytest.mark.parametrize(("func", "rtol"), [(spectrum, 1e-9), (transform, 1e-7)])
 def test_helper_built_matrices_and_chains_compute_on_the_device(func: Any, rtol: float) -> None:
     rng = np.random.default_rng()

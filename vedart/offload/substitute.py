@@ -506,6 +506,38 @@ class _DeviceABCClass(_DeviceClass, abc.ABCMeta):
     """:class:`_DeviceClass` for a host class of ``abc.ABCMeta``."""
 
 
+_COMPARISONS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__")
+
+
+def _attributes_in_dict(host: type) -> bool:
+    """Whether ``host``'s objects keep all their attributes in their ``__dict__`` (no slots,
+    and a layout ``object.__new__`` makes)."""
+    for klass in host.__mro__[:-1]:
+        slots = vars(klass).get("__slots__", ())
+        if set((slots,) if isinstance(slots, str) else slots) - {"__dict__", "__weakref__"}:
+            return False
+    return host.__new__ is object.__new__
+
+
+def _comparing_as_one_class(compare: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``compare``, a comparison method of a device class, taking an object of the host
+    class (made outside the call) as an object of the device class that shares its
+    attributes: the methods dataclasses and attrs generate compare only objects of one
+    ``__class__`` (``made == DEFAULT`` was False, ``made < DEFAULT`` raised), and a
+    comparison between the two, made by Python the device class's way round first (it is a
+    subclass), must answer as between two objects of the class."""
+    def comparing(self: Any, other: Any) -> Any:
+        host = vars(type(self)).get(HOST_CLASS)
+        if host is not None and type(other) is host:
+            twin = object.__new__(type(self))
+            # shared, not copied: the comparison only reads (set past a frozen __setattr__)
+            object.__setattr__(twin, "__dict__", other.__dict__)
+            other = twin
+        return compare(self, other)
+    functools.update_wrapper(comparing, compare)
+    return comparing
+
+
 def _made_from(value: Any) -> tuple[Any, ...]:
     """What the clone of a reached function or the device class of a reached class is made
     from, flat so that comparing two is one tuple comparison: a function's code and defaults;
@@ -718,6 +750,10 @@ class Reach:
                     cloned = self._clone_attribute(attribute, depth)
                     if cloned is not attribute:
                         namespace[name] = cloned
+        if _attributes_in_dict(host):
+            for name in _COMPARISONS:
+                if type(namespace.get(name)) is types.FunctionType:
+                    namespace[name] = _comparing_as_one_class(namespace[name])
         metaclass = _DeviceClass if type(host) is type else _DeviceABCClass
         device = metaclass(host.__name__, (host,), namespace)
         type.__setattr__(device, _READY, True)
