@@ -471,6 +471,11 @@ class LeastSquares:
         self.history = [self.coef.copy(), np.float64(self.residual)]
         return self
 
+    @veda.gpu(force="gpu")
+    def largest(self, x: np.ndarray) -> np.ndarray:
+        self.largest_ = self.also_largest = x.max(axis=0)
+        return self.largest_
+
     def solve(self, x: np.ndarray, y: np.ndarray) -> None:  # wrapped by the caller
         self.coef = np.linalg.solve(x.T @ x, x.T @ y)
 
@@ -491,6 +496,9 @@ def test_attributes_a_method_assigns_to_self_hold_numpy_values_as_on_the_cpu() -
     assert_same(model.coef, on_cpu.coef, rtol=1e-8)
     assert type(model.residual) is float and model.steps == 3
     assert_same(model.history, on_cpu.history, rtol=1e-8)
+    largest = model.largest(x)  # one array, held by the result and two attributes
+    assert largest is model.largest_ is model.also_largest and type(largest) is np.ndarray
+    np.testing.assert_array_equal(largest, x.max(axis=0))
     solve = veda.gpu(force="gpu")(model.solve)  # a bound method: self is no argument
     solve(x, y)
     assert last(solve)[0] == "gpu"

@@ -3,21 +3,27 @@
 The GPU path hands a call's arrays to the device clone as device copies, but other objects as
 they are: a decorated method's ``self``, a model passed in. So ``self.coef =
 np.linalg.solve(...)`` there assigns a device array to the caller's object, where the CPU path
-assigns a NumPy array. vedart leaves such objects as the CPU path would: after a GPU run
-succeeds, each attribute it assigned (a value other than the one it held before the run) is
-converted as results are (:func:`~vedart.offload.results.results_to_host`: the same types,
-objects made in the call given their class back); after a GPU attempt that fails, every
-attribute is put back as it was before it, so that the CPU re-run starts from the caller's
-state. The objects are the call's own arguments, including those a bound method or a
+assigns a NumPy array. vedart binds such attributes as the CPU path would: after a GPU run
+succeeds, each attribute it assigned (a value other than the one it held before the run) and
+still holds is converted together with the result, as results are
+(:func:`~vedart.offload.results.results_to_host`: the same types, one host array for one
+device array however many attributes and results hold it, objects made in the call given
+their class back); after a GPU attempt that fails, each attribute it assigned and still holds
+is bound again to what it held before (or removed), so that the CPU re-run starts from the
+caller's bindings. What the attributes hold is not undone: ``self.history.append(...)`` on
+the failed attempt stays. A run only touches attributes that still hold the values it left,
+so runs in flight together (a GPU lane's items, threads) each convert their own.
+
+The objects are the call's own arguments, those a bound method, a callable object or a
 ``functools.partial`` holds (not those inside containers or other objects), and their
-attributes those in their ``__dict__``, read and written there directly.
+attributes those in their ``__dict__`` (not ``__slots__``), read and written there directly.
 """
 
 from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,18 +33,22 @@ import numpy as np
 _NOT_OBJECTS = (np.ndarray, np.generic, int, float, complex, str, bytes, type(None), list,
                 tuple, dict, set, frozenset, type, types.ModuleType, types.FunctionType,
                 types.BuiltinFunctionType, types.MethodType, functools.partial)
+_ABSENT = object()
 
 
 def _attributes(value: Any) -> dict[str, Any] | None:
-    if isinstance(value, _NOT_OBJECTS):
+    try:
+        if isinstance(value, _NOT_OBJECTS):
+            return None
+        attributes = vars(value)
+    except Exception:  # no __dict__, or a proxy whose lookups raise: not watched
         return None
-    attributes = getattr(value, "__dict__", None)
     return attributes if type(attributes) is dict else None
 
 
 def bound_arguments(func: Any) -> tuple[Any, ...]:
     """The arguments ``func`` passes on by itself: a bound method's object, a partial's
-    arguments (through nested ones)."""
+    arguments (through nested ones), a callable object itself."""
     bound: list[Any] = []
     while isinstance(func, (types.MethodType, functools.partial)):
         if isinstance(func, types.MethodType):
@@ -47,19 +57,23 @@ def bound_arguments(func: Any) -> tuple[Any, ...]:
         else:
             bound += (*func.args, *func.keywords.values())
             func = func.func
+    if not isinstance(func, (types.FunctionType, types.BuiltinFunctionType, type)):
+        bound.append(func)  # a callable object: its attributes are its state
     return tuple(bound)
 
 
 class ArgumentObjects:
-    """The attributes of a call's argument objects before a GPU attempt (see the module doc);
-    false when the call has no such object."""
+    """The argument objects' attributes around one GPU run (see the module doc): made before
+    the run, :meth:`launched` once it has run, then :meth:`held` and :meth:`bind` after a
+    success or :meth:`restore` after a failure. False when the call has no such object."""
 
-    __slots__ = ("_before",)
+    __slots__ = ("_before", "_assigned")
 
     def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                  bound: tuple[Any, ...] = ()) -> None:
         """``bound``: what the function passes on by itself (:func:`bound_arguments`)."""
         self._before: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self._assigned: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
         seen: set[int] = set()
         for value in (*bound, *args, *kwargs.values()):
             attributes = _attributes(value)
@@ -70,25 +84,48 @@ class ArgumentObjects:
     def __bool__(self) -> bool:
         return bool(self._before)
 
-    def to_host(self, convert: Callable[[Any], tuple[Any, int]]) -> int:
-        """Set each attribute assigned since to ``convert(value)``'s value, where that is
-        another object; the bytes ``convert`` moved."""
-        moved = 0
+    def _changed(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Per object, each attribute bound or unbound since the snapshot, with its value now
+        (``_ABSENT``: deleted)."""
+        changed = []
         for attributes, before in self._before:
-            for name, value in list(attributes.items()):
-                if before.get(name, _ABSENT) is not value:
-                    converted, nbytes = convert(value)
-                    moved += nbytes
-                    if converted is not value:
-                        attributes[name] = converted
-        return moved
+            now = dict(attributes)
+            bound = {name: value for name, value in now.items()
+                     if before.get(name, _ABSENT) is not value}
+            bound.update((name, _ABSENT) for name in before if name not in now)
+            changed.append((attributes, bound))
+        return changed
+
+    def launched(self) -> None:
+        """Note the values the run left: the attributes it assigned."""
+        self._assigned = self._changed()
+
+    def held(self) -> list[tuple[dict[str, Any], str, Any]]:
+        """(attributes, name, value) of each attribute the run assigned that still holds
+        the value it left."""
+        assert self._assigned is not None, "launched() first"
+        return [(attributes, name, value) for attributes, assigned in self._assigned
+                for name, value in assigned.items()
+                if value is not _ABSENT and attributes.get(name, _ABSENT) is value]
+
+    @staticmethod
+    def bind(held: Sequence[tuple[dict[str, Any], str, Any]], values: Sequence[Any]) -> None:
+        """Bind each of ``held`` still holding its value to the matching one of ``values``."""
+        for (attributes, name, value), converted in zip(held, values, strict=True):
+            if converted is not value and attributes.get(name, _ABSENT) is value:
+                attributes[name] = converted
 
     def restore(self) -> None:
-        """Put every attribute back as it was (dropping those added since)."""
-        for attributes, before in self._before:
-            for name in [name for name in attributes if name not in before]:
-                del attributes[name]
-            attributes.update(before)
-
-
-_ABSENT = object()
+        """Bind each attribute the run bound or deleted, and that is still as it left it, to
+        what it held before (removing those it added): after a failure, also before
+        :meth:`launched` (then every attribute that changed counts as the run's)."""
+        assigned = self._assigned if self._assigned is not None else self._changed()
+        for (attributes, now), (_, before) in zip(assigned, self._before, strict=True):
+            for name, value in now.items():
+                if attributes.get(name, _ABSENT) is not value:
+                    continue
+                held = before.get(name, _ABSENT)
+                if held is not _ABSENT:
+                    attributes[name] = held
+                elif value is not _ABSENT:
+                    del attributes[name]

@@ -486,8 +486,8 @@ class _Offload:
         """Feed the adaptive model the end-to-end time of a call it chose to time (exploring or
         re-checking); the first GPU run of each function (clone, kernel compilation) is warm-up
         and not learned from, nor is an exploring call that ``imported`` modules (a stall:
-        :mod:`~vedart.offload.imports`; a re-check is learned all the same, since it would
-        not come again for hundreds of calls)."""
+        :mod:`~vedart.offload.imports`; a re-check is learned all the same, since the next
+        is 16 calls away or more)."""
         if runtime.cost_model is None or not decision.learned:
             return
         if decision.exploring and self._set_aside(imported):  # it woke its path all the same
@@ -577,6 +577,7 @@ class _Offload:
                 result = device_function(*device_args, **device_kwargs)
             finally:
                 error_modes.linalg = linalg_mode  # a store: no call an interrupt could precede
+            assigned.launched()
         except BaseException:
             assigned.restore()
             if pinned_inputs:  # their blocks go back to the pool: let the copies out end first
@@ -624,15 +625,19 @@ class _Offload:
             bytes_to_host = sum(host.nbytes for _, _, host in write_backs)
         if self._returns_host:
             copy = to_host if launch.engine is None else launch.engine.to_host
-            if launch.assigned:  # first: a result may be one of these objects (return self)
-                bytes_to_host += launch.assigned.to_host(functools.partial(
-                    results_to_host, device_type=cupy.ndarray, made_arrays=launch.made_arrays,
-                    copy=copy))
-            result, result_bytes = results_to_host(
-                result, cupy.ndarray, made_arrays=launch.made_arrays,
-                writes={id(device): (device, original) for original, device, _ in write_backs}
-                if write_backs else None,
-                copy=copy)
+            writes = {id(device): (device, original) for original, device, _ in write_backs} \
+                if write_backs else None
+            held = launch.assigned.held() if launch.assigned else []
+            if held:  # converted with the result: an array both hold comes back as one
+                converted, result_bytes = results_to_host(
+                    (result, *(value for _, _, value in held)), cupy.ndarray,
+                    made_arrays=launch.made_arrays, writes=writes, copy=copy)
+                result = converted[0]
+                ArgumentObjects.bind(held, converted[1:])  # before a look into the result
+            else:
+                result, result_bytes = results_to_host(
+                    result, cupy.ndarray, made_arrays=launch.made_arrays, writes=writes,
+                    copy=copy)
             bytes_to_host += result_bytes
             unconverted = [] if isinstance(result, HOST_LEAVES) else \
                 unconverted_paths(result, cupy.ndarray)
@@ -704,7 +709,7 @@ class _Launch:
     moved_in: float
     made_arrays: list[Any]  # 0-d device arrays that come back as 0-d arrays
     pinned_inputs: list[Staged]  # pinned copies the uploads read: kept until the stream is done
-    assigned: ArgumentObjects  # the argument objects' attributes before the launch
+    assigned: ArgumentObjects  # the argument objects' attributes around the launch
 
 
 class PlannedCall:
@@ -720,7 +725,9 @@ class PlannedCall:
        record telemetry and feed the adaptive model.
 
     Phases run one at a time, in order (a thread hands the call on through a queue or future).
-    The caller's arguments are only read, and ``writes=`` copy-backs happen after success.
+    The caller's arrays are only read, and ``writes=`` copy-backs happen after success;
+    attributes the GPU run assigns to argument objects are converted or put back
+    (:mod:`~vedart.offload.assigned`).
     """
 
     def __init__(self, offload: _Offload, plan: _Plan, args: tuple[Any, ...],

@@ -15,6 +15,11 @@ much of NumPy in the background during a GPU runtime's first seconds) are never 
 call's. A failed import counts too (it asks the finders every time): a function's timed calls
 that imported are set aside ``SET_ASIDE_AT_MOST`` times, after which an import that recurs is
 taken for part of its work.
+
+Not counted: an import that waits for another thread importing the same module (Python asks
+no finder then), an import a finder put before this one serves, and a module a lazy loader
+runs on first use. Counted although nothing is imported: a probe through
+``importlib.util.find_spec``.
 """
 
 from __future__ import annotations
@@ -58,9 +63,9 @@ _COUNTER = _installed()
 
 def imports_so_far() -> int:
     """How many imports of modules not yet loaded this thread has made (failed ones too)."""
-    return _COUNTER.by_thread.get(_thread.get_ident(), 0)
+    return _COUNTER.by_thread.get(_COUNTER._thread_of_caller(), 0)
 
 
 def imported_since(before: int) -> bool:
     """Whether this thread imported a module since :func:`imports_so_far` was ``before``."""
-    return _COUNTER.by_thread.get(_thread.get_ident(), 0) > before
+    return _COUNTER.by_thread.get(_COUNTER._thread_of_caller(), 0) > before

@@ -26,7 +26,8 @@ Rules a user can rely on:
   and enum classes, classes of other metaclasses than ``type`` and ``abc.ABCMeta``, or classes
   whose subclassing runs code (``__init_subclass__``). Everything else, and everything without
   a Reach, runs on CuPy arrays through dispatch alone. Objects made by a reached class and kept
-  somewhere other than the result (a global list) stay objects of the device class.
+  somewhere other than the result or an attribute of an argument object (a global list) stay
+  objects of the device class.
 - A name whose device twin lacks an attribute falls back to the NumPy attribute (then dispatch,
   or a GPU failure that re-runs the call on the CPU).
 - A function that assigns or deletes module globals (``global x; x = ...``) is not cloned; it
