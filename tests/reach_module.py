@@ -221,6 +221,58 @@ def compares_with_objects_made_outside(n: int) -> Any:
     return made.ramp(n), answers
 
 
+class Version:
+    """Ordered by ``__lt__`` alone, as ``sorted`` needs; hashed as ``object`` hashes."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def __lt__(self, other: Any) -> Any:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.number < other.number
+
+    def __eq__(self, other: Any) -> Any:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.number == other.number
+
+    __hash__ = object.__hash__
+
+
+class Handle:
+    """Closed when freed."""
+
+    def __init__(self) -> None:
+        self.open = True
+
+    def __eq__(self, other: Any) -> Any:
+        return isinstance(other, Handle) and self.open == other.open
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __del__(self) -> None:
+        self.open = False
+
+
+class Stateless:
+    __slots__ = ()
+
+    def __eq__(self, other: Any) -> Any:
+        return other.__class__ is self.__class__
+
+
+LATEST, OUTSIDE_HANDLE, STATELESS = Version(3), Handle(), Stateless()
+
+
+def compares_in_other_ways(n: int) -> Any:
+    made = Version(2)
+    answers = (made < LATEST, LATEST < made, sorted([LATEST, made])[0] is made,
+               len({made, LATEST}), Handle() == OUTSIDE_HANDLE, OUTSIDE_HANDLE.open,
+               type(Stateless() == STATELESS))
+    return np.zeros(n) + made.number, answers
+
+
 class Counted:
     made = 0
 

@@ -33,6 +33,18 @@ def after_success(objects: ArgumentObjects) -> None:
     objects.bind(held, converted(tuple(value for _, _, value in held)))
 
 
+def test_a_failure_after_the_conversion_puts_the_attributes_back() -> None:
+    model = Model()
+    coef = model.coef
+    objects = ArgumentObjects((model,), {})
+    model.coef = Device(np.zeros(3))
+    objects.launched()
+    after_success(objects)
+    assert type(model.coef) is np.ndarray and model.coef is not coef
+    objects.restore()  # something failed after the conversion (a writes= copy-back, say)
+    assert model.coef is coef
+
+
 class Model:
     def __init__(self) -> None:
         self.coef: Any = np.ones(3)

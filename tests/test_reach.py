@@ -232,6 +232,17 @@ def test_objects_made_in_the_call_compare_with_objects_made_outside_as_on_the_cp
     assert routed() == 1  # made on the device all the same
 
 
+def test_other_comparisons_with_objects_made_outside_answer_as_on_the_cpu() -> None:
+    # __lt__ alone (the reflection tried first is added), a hash kept beside a cloned __eq__,
+    # a class whose __del__ would run on shared attributes, and one without a __dict__.
+    clone, _ = reaching(rm.compares_in_other_ways)
+    values, answers = clone(2)
+    expected_values, expected_answers = rm.compares_in_other_ways(2)
+    np.testing.assert_array_equal(values, expected_values)
+    assert answers == expected_answers == (True, False, True, 2, True, True, bool)
+    assert routed() == 1
+
+
 def test_class_state_written_in_the_call_goes_to_the_class(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rm.Counted, "made", 0)

@@ -3,6 +3,7 @@ and a property test comparing the GPU path with the CPU path (``pytest -m gpu``)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -504,6 +505,27 @@ def test_attributes_a_method_assigns_to_self_hold_numpy_values_as_on_the_cpu() -
     assert last(solve)[0] == "gpu"
     on_cpu.solve(x, y)
     assert_same(model.coef, on_cpu.coef, rtol=1e-8)
+
+
+@dataclasses.dataclass
+class Scaler:
+    """A dataclass estimator: ``fit`` returns the caller's object itself, as on the CPU."""
+
+    scale: Any = None
+
+    @veda.gpu(force="gpu")
+    def fit(self, x: np.ndarray) -> Scaler:
+        self.scale = x.std(axis=0)
+        return self
+
+
+def test_a_dataclass_method_returning_self_returns_the_callers_object() -> None:
+    x = np.random.default_rng().random((1000, 8))
+    scaler = Scaler()
+    assert scaler.fit(x) is scaler
+    assert last(Scaler.fit)[0] == "gpu"
+    assert type(scaler.scale) is np.ndarray
+    np.testing.assert_allclose(scaler.scale, x.std(axis=0), rtol=1e-10)
 
 
 def test_a_failed_gpu_attempt_leaves_self_as_the_cpu_run_leaves_it() -> None:

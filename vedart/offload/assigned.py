@@ -100,20 +100,22 @@ class ArgumentObjects:
         """Note the values the run left: the attributes it assigned."""
         self._assigned = self._changed()
 
-    def held(self) -> list[tuple[dict[str, Any], str, Any]]:
-        """(attributes, name, value) of each attribute the run assigned that still holds
+    def held(self) -> list[tuple[int, str, Any]]:
+        """(object's index, name, value) of each attribute the run assigned that still holds
         the value it left."""
         assert self._assigned is not None, "launched() first"
-        return [(attributes, name, value) for attributes, assigned in self._assigned
-                for name, value in assigned.items()
+        return [(index, name, value) for index, (attributes, assigned) in
+                enumerate(self._assigned) for name, value in assigned.items()
                 if value is not _ABSENT and attributes.get(name, _ABSENT) is value]
 
-    @staticmethod
-    def bind(held: Sequence[tuple[dict[str, Any], str, Any]], values: Sequence[Any]) -> None:
-        """Bind each of ``held`` still holding its value to the matching one of ``values``."""
-        for (attributes, name, value), converted in zip(held, values, strict=True):
+    def bind(self, held: Sequence[tuple[int, str, Any]], values: Sequence[Any]) -> None:
+        """Bind each of ``held`` still holding its value to the matching one of ``values``
+        (which :meth:`restore` then takes for the run's own)."""
+        assert self._assigned is not None, "launched() first"
+        for (index, name, value), converted in zip(held, values, strict=True):
+            attributes, assigned = self._assigned[index]
             if converted is not value and attributes.get(name, _ABSENT) is value:
-                attributes[name] = converted
+                attributes[name] = assigned[name] = converted
 
     def restore(self) -> None:
         """Bind each attribute the run bound or deleted, and that is still as it left it, to

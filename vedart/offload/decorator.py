@@ -628,16 +628,18 @@ class _Offload:
             writes = {id(device): (device, original) for original, device, _ in write_backs} \
                 if write_backs else None
             held = launch.assigned.held() if launch.assigned else []
-            if held:  # converted with the result: an array both hold comes back as one
-                converted, result_bytes = results_to_host(
-                    (result, *(value for _, _, value in held)), cupy.ndarray,
+            if held:  # first: the result may be one of these objects (return self)
+                values, attribute_bytes = results_to_host(
+                    tuple(value for _, _, value in held), cupy.ndarray,
                     made_arrays=launch.made_arrays, writes=writes, copy=copy)
-                result = converted[0]
-                ArgumentObjects.bind(held, converted[1:])  # before a look into the result
-            else:
-                result, result_bytes = results_to_host(
-                    result, cupy.ndarray, made_arrays=launch.made_arrays, writes=writes,
-                    copy=copy)
+                launch.assigned.bind(held, values)
+                bytes_to_host += attribute_bytes
+                # An array the result holds too comes back as the attribute's host array.
+                writes = {**(writes or {}), **{
+                    id(device): (device, host) for (_, _, device), host in zip(held, values)
+                    if type(device) is cupy.ndarray and type(host) is np.ndarray}} or None
+            result, result_bytes = results_to_host(
+                result, cupy.ndarray, made_arrays=launch.made_arrays, writes=writes, copy=copy)
             bytes_to_host += result_bytes
             unconverted = [] if isinstance(result, HOST_LEAVES) else \
                 unconverted_paths(result, cupy.ndarray)

@@ -507,36 +507,76 @@ class _DeviceABCClass(_DeviceClass, abc.ABCMeta):
     """:class:`_DeviceClass` for a host class of ``abc.ABCMeta``."""
 
 
-_COMPARISONS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__")
+# Each comparison and the one Python tries the other way round (``a < b`` as ``b > a``).
+_REFLECTED = {"__eq__": "__eq__", "__ne__": "__ne__", "__lt__": "__gt__", "__gt__": "__lt__",
+              "__le__": "__ge__", "__ge__": "__le__"}
 
 
-def _attributes_in_dict(host: type) -> bool:
-    """Whether ``host``'s objects keep all their attributes in their ``__dict__`` (no slots,
-    and a layout ``object.__new__`` makes)."""
+def _compared_as_one_class(host: type) -> bool:
+    """Whether objects of ``host`` can be compared as objects of its device class sharing
+    their attributes: they keep them all in a ``__dict__`` (no slots), ``object.__new__``
+    makes them, and freeing one runs nothing (no ``__del__``, which would run on the shared
+    attributes)."""
+    has_dict = False
     for klass in host.__mro__[:-1]:
-        slots = vars(klass).get("__slots__", ())
-        if set((slots,) if isinstance(slots, str) else slots) - {"__dict__", "__weakref__"}:
+        names = vars(klass).get("__slots__", ())
+        if set((names,) if isinstance(names, str) else names) - {"__dict__", "__weakref__"}:
             return False
-    return host.__new__ is object.__new__
+        has_dict = has_dict or "__dict__" in vars(klass)
+    return has_dict and host.__new__ is object.__new__ and getattr(host, "__del__", None) is None
+
+
+def _as_device_object(device: type, value: Any) -> Any:
+    """``value``, an object of ``device``'s host class, as an object of ``device`` that
+    shares its attributes (the comparison only reads them)."""
+    twin = object.__new__(device)
+    object.__setattr__(twin, "__dict__", value.__dict__)  # past a frozen __setattr__
+    return twin
 
 
 def _comparing_as_one_class(compare: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     """``compare``, a comparison method of a device class, taking an object of the host
-    class (made outside the call) as an object of the device class that shares its
-    attributes: the methods dataclasses and attrs generate compare only objects of one
-    ``__class__`` (``made == DEFAULT`` was False, ``made < DEFAULT`` raised), and a
-    comparison between the two, made by Python the device class's way round first (it is a
-    subclass), must answer as between two objects of the class."""
+    class (made outside the call) as an object of the device class: the methods dataclasses
+    generate compare only objects of one ``__class__`` (``made == DEFAULT`` was False,
+    ``made < DEFAULT`` raised), and Python tries a comparison between the two the device
+    class's way round first (it is a subclass)."""
     def comparing(self: Any, other: Any) -> Any:
         host = vars(type(self)).get(HOST_CLASS)
         if host is not None and type(other) is host:
-            twin = object.__new__(type(self))
-            # shared, not copied: the comparison only reads (set past a frozen __setattr__)
-            object.__setattr__(twin, "__dict__", other.__dict__)
-            other = twin
+            other = _as_device_object(type(self), other)
         return compare(self, other)
     functools.update_wrapper(comparing, compare)
     return comparing
+
+
+def _reflecting(compare: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """The reflection of ``compare`` (``__gt__`` of a class defining ``__lt__`` only) for a
+    device class: ``outside < made`` is tried as ``made > outside`` first, which answers
+    ``outside < made`` as between two objects of the device class; anything else is left
+    to the other object."""
+    def reflected(self: Any, other: Any) -> Any:
+        host = vars(type(self)).get(HOST_CLASS)
+        if host is not None and type(other) is host:
+            return compare(_as_device_object(type(self), other), self)
+        return NotImplemented
+    return reflected
+
+
+def _compare_as_one_class(host: type, namespace: dict[str, Any]) -> None:
+    """Wrap the comparison methods of the device class of ``host`` being made in
+    ``namespace`` (:func:`_comparing_as_one_class`), adding the reflections the class lacks
+    (:func:`_reflecting`)."""
+    if not _compared_as_one_class(host):
+        return
+    compares = {name: namespace[name] for name in _REFLECTED
+                if type(namespace.get(name)) is types.FunctionType}
+    for name, compare in compares.items():
+        namespace[name] = _comparing_as_one_class(compare)
+    for name, compare in compares.items():
+        reflection = _REFLECTED[name]
+        if reflection not in namespace and getattr(host, reflection) is getattr(object,
+                                                                                 reflection):
+            namespace[reflection] = _reflecting(compare)
 
 
 def _made_from(value: Any) -> tuple[Any, ...]:
@@ -751,10 +791,9 @@ class Reach:
                     cloned = self._clone_attribute(attribute, depth)
                     if cloned is not attribute:
                         namespace[name] = cloned
-        if _attributes_in_dict(host):
-            for name in _COMPARISONS:
-                if type(namespace.get(name)) is types.FunctionType:
-                    namespace[name] = _comparing_as_one_class(namespace[name])
+        if "__eq__" in namespace and "__hash__" not in namespace:
+            namespace["__hash__"] = host.__hash__  # a class defining __eq__ alone gets None
+        _compare_as_one_class(host, namespace)
         metaclass = _DeviceClass if type(host) is type else _DeviceABCClass
         device = metaclass(host.__name__, (host,), namespace)
         type.__setattr__(device, _READY, True)
