@@ -72,8 +72,8 @@ class ArgumentObjects:
     def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                  bound: tuple[Any, ...] = ()) -> None:
         """``bound``: what the function passes on by itself (:func:`bound_arguments`)."""
-        self._before: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        self._assigned: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
+        self._before: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (__dict__, copy)
+        self._assigned: list[dict[str, Any]] | None = None  # per object of _before
         seen: set[int] = set()
         for value in (*bound, *args, *kwargs.values()):
             attributes = _attributes(value)
@@ -84,7 +84,7 @@ class ArgumentObjects:
     def __bool__(self) -> bool:
         return bool(self._before)
 
-    def _changed(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    def _changed(self) -> list[dict[str, Any]]:
         """Per object, each attribute bound or unbound since the snapshot, with its value now
         (``_ABSENT``: deleted)."""
         changed = []
@@ -93,7 +93,7 @@ class ArgumentObjects:
             bound = {name: value for name, value in now.items()
                      if before.get(name, _ABSENT) is not value}
             bound.update((name, _ABSENT) for name in before if name not in now)
-            changed.append((attributes, bound))
+            changed.append(bound)
         return changed
 
     def launched(self) -> None:
@@ -104,8 +104,9 @@ class ArgumentObjects:
         """(object's index, name, value) of each attribute the run assigned that still holds
         the value it left."""
         assert self._assigned is not None, "launched() first"
-        return [(index, name, value) for index, (attributes, assigned) in
-                enumerate(self._assigned) for name, value in assigned.items()
+        return [(index, name, value) for index, ((attributes, _), assigned) in
+                enumerate(zip(self._before, self._assigned, strict=True))
+                for name, value in assigned.items()
                 if value is not _ABSENT and attributes.get(name, _ABSENT) is value]
 
     def bind(self, held: Sequence[tuple[int, str, Any]], values: Sequence[Any]) -> None:
@@ -113,7 +114,7 @@ class ArgumentObjects:
         (which :meth:`restore` then takes for the run's own)."""
         assert self._assigned is not None, "launched() first"
         for (index, name, value), converted in zip(held, values, strict=True):
-            attributes, assigned = self._assigned[index]
+            attributes, assigned = self._before[index][0], self._assigned[index]
             if converted is not value and attributes.get(name, _ABSENT) is value:
                 attributes[name] = assigned[name] = converted
 
@@ -122,7 +123,7 @@ class ArgumentObjects:
         what it held before (removing those it added): after a failure, also before
         :meth:`launched` (then every attribute that changed counts as the run's)."""
         assigned = self._assigned if self._assigned is not None else self._changed()
-        for (attributes, now), (_, before) in zip(assigned, self._before, strict=True):
+        for (attributes, before), now in zip(self._before, assigned, strict=True):
             for name, value in now.items():
                 if attributes.get(name, _ABSENT) is not value:
                     continue

@@ -68,4 +68,4 @@ def imports_so_far() -> int:
 
 def imported_since(before: int) -> bool:
     """Whether this thread imported a module since :func:`imports_so_far` was ``before``."""
-    return _COUNTER.by_thread.get(_COUNTER._thread_of_caller(), 0) > before
+    return imports_so_far() > before

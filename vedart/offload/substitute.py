@@ -526,11 +526,16 @@ def _compared_as_one_class(host: type) -> bool:
     return has_dict and host.__new__ is object.__new__ and getattr(host, "__del__", None) is None
 
 
-def _as_device_object(device: type, value: Any) -> Any:
-    """``value``, an object of ``device``'s host class, as an object of ``device`` that
-    shares its attributes (the comparison only reads them)."""
+def _twin(self: Any, other: Any) -> Any:
+    """``other`` as an object of the device class of ``self`` sharing its attributes (the
+    comparison only reads them) when ``other`` is an object of that class's host class, else
+    None."""
+    device = type(self)
+    host = vars(device).get(HOST_CLASS)
+    if host is None or type(other) is not host:
+        return None
     twin = object.__new__(device)
-    object.__setattr__(twin, "__dict__", value.__dict__)  # past a frozen __setattr__
+    object.__setattr__(twin, "__dict__", other.__dict__)  # past a frozen __setattr__
     return twin
 
 
@@ -541,10 +546,8 @@ def _comparing_as_one_class(compare: Callable[[Any, Any], Any]) -> Callable[[Any
     ``made < DEFAULT`` raised), and Python tries a comparison between the two the device
     class's way round first (it is a subclass)."""
     def comparing(self: Any, other: Any) -> Any:
-        host = vars(type(self)).get(HOST_CLASS)
-        if host is not None and type(other) is host:
-            other = _as_device_object(type(self), other)
-        return compare(self, other)
+        twin = _twin(self, other)
+        return compare(self, other if twin is None else twin)
     functools.update_wrapper(comparing, compare)
     return comparing
 
@@ -555,10 +558,8 @@ def _reflecting(compare: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]
     ``outside < made`` as between two objects of the device class; anything else is left
     to the other object."""
     def reflected(self: Any, other: Any) -> Any:
-        host = vars(type(self)).get(HOST_CLASS)
-        if host is not None and type(other) is host:
-            return compare(_as_device_object(type(self), other), self)
-        return NotImplemented
+        twin = _twin(self, other)
+        return NotImplemented if twin is None else compare(twin, self)
     return reflected
 
 
