@@ -314,7 +314,8 @@ def subclasses_in_the_call(n: int) -> Any:
         extra: float = 2.0
 
     made = Tuned()
-    return made.ramp(n) * made.extra, repr(made), made.__class__ is Tuned
+    return made.ramp(n) * made.extra, repr(made), made.__class__ is Tuned, \
+        isinstance(Settings(), Tuned), made
 
 
 class Maker:

@@ -214,12 +214,16 @@ def test_clones_are_remade_when_their_module_rebinds_a_name_they_substitute(
 
 def test_a_subclass_defined_in_the_call_answers_its_own_class() -> None:
     clone, _ = reaching(rm.subclasses_in_the_call)
-    values, text, own = clone(2)
-    expected_values, expected_text, expected_own = rm.subclasses_in_the_call(2)
+    values, text, own, base_is_sub, made = clone(2)
+    expected_values, *expected, _ = rm.subclasses_in_the_call(2)
     np.testing.assert_array_equal(values, expected_values)
-    assert (text, own) == (expected_text, expected_own) == (
-        "subclasses_in_the_call.<locals>.Tuned(scale=1.0, extra=2.0)", True)
+    assert [text, own, base_is_sub] == expected == [
+        "subclasses_in_the_call.<locals>.Tuned(scale=1.0, extra=2.0)", True, False]
     assert routed() == 1  # ramp, inherited from the device class, ran as a clone
+    made_class = type(made)
+    back, _ = results_to_host([made], NoDeviceArray)
+    assert type(back[0]) is made_class  # its own class, not its base's
+    assert isinstance(back[0], rm.Settings) and back[0].extra == 2.0
 
 
 def test_objects_made_in_the_call_compare_with_objects_made_outside_as_on_the_cpu() -> None:

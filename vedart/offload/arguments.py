@@ -117,8 +117,9 @@ def _attributes(value: Any) -> dict[str, Any]:
 
 
 def to_host_class(record: Any) -> Any:
-    """``record``, an object of a device class given back its host class (in place)."""
-    host = getattr(type(record), HOST_CLASS, None)
+    """``record``, an object of a device class given back its host class (in place); an
+    object of a class derived from a device class in the call keeps its class."""
+    host = vars(type(record)).get(HOST_CLASS)
     if host is not None:
         record.__class__ = host
     return record

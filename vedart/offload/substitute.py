@@ -479,13 +479,19 @@ class _DeviceClass(type):
     theirs, so ``isinstance(model, Model)`` in a clone holds for a model made outside it; and
     class state written through a device class once it is made (``cls.count += 1`` in a
     class method) goes to the host class, as the call on the CPU writes it (dunder names,
-    which class creation and ``abc`` write, stay on the device class)."""
+    which class creation and ``abc`` write, stay on the device class). A class the call
+    itself derives from a device class (``class Tuned(Model)`` in the function) is of this
+    metaclass too, but stands for no host class: it answers as any class does."""
 
     def __instancecheck__(cls, instance: Any) -> bool:
-        return isinstance(instance, getattr(cls, HOST_CLASS))
+        host = vars(cls).get(HOST_CLASS)
+        return super().__instancecheck__(instance) if host is None else \
+            isinstance(instance, host)
 
     def __subclasscheck__(cls, subclass: type) -> bool:
-        return issubclass(subclass, getattr(cls, HOST_CLASS))
+        host = vars(cls).get(HOST_CLASS)
+        return super().__subclasscheck__(subclass) if host is None else \
+            issubclass(subclass, host)
 
     def _host_state(cls, name: str) -> bool:
         return _READY in vars(cls) and not (name.startswith("__") and name.endswith("__"))
