@@ -1,6 +1,7 @@
-"""Attributes a GPU run assigns to the objects among a call's arguments: converted after a
-success, put back after a failure (``vedart.offload.assigned``). A stand-in array type plays
-the device's; the GPU tests run the same through ``@veda.gpu``."""
+"""What a GPU run changes in the objects and containers among a call's arguments: converted
+or given to the caller's containers after a success, put back after a failure
+(``vedart.offload.assigned``). A stand-in array type plays the device's; the GPU tests run the
+same through ``@veda.gpu``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from vedart.offload.assigned import ArgumentObjects, bound_arguments
+from vedart.offload.assigned import ArgumentState, bound_arguments
 
 
 class Device:
@@ -28,15 +29,20 @@ def converted(values: tuple[Any, ...]) -> list[Any]:
             if isinstance(value, list) else value for value in values]
 
 
-def after_success(objects: ArgumentObjects) -> None:
-    held = objects.held()
-    objects.bind(held, converted(tuple(value for _, _, value in held)))
+def after_success(state: ArgumentState, twins: dict[int, Any] | None = None) -> None:
+    twins = twins or {}
+    held = state.held(twins)
+    state.bind(held, converted(tuple(value for _, _, value in held)), twins)
+
+
+def watching(*values: Any) -> ArgumentState:
+    return ArgumentState(values, Device)
 
 
 def test_a_failure_after_the_conversion_puts_the_attributes_back() -> None:
     model = Model()
     coef = model.coef
-    objects = ArgumentObjects((model,), {})
+    objects = watching(model)
     model.coef = Device(np.zeros(3))
     objects.launched()
     after_success(objects)
@@ -55,12 +61,12 @@ class Model:
 def test_assigned_attributes_are_converted_and_others_left_alone() -> None:
     model = Model()
     coef_before = model.coef
-    objects = ArgumentObjects((model, np.ones(2)), {})
+    objects = watching(model, np.ones(2))
     model.coef = Device(np.zeros(3))  # assigned on the device
     model.history = [Device("first"), 1.5]  # added
     model.steps = 1  # assigned, nothing to convert
     objects.launched()
-    assert {name for _, name, _ in objects.held()} == {"coef", "history", "steps"}
+    assert {name for _, name, _ in objects.held({})} == {"coef", "history", "steps"}
     after_success(objects)
     assert type(model.coef) is np.ndarray and model.history == ["first", 1.5]
     assert model.steps == 1
@@ -74,54 +80,132 @@ def test_a_failed_attempt_puts_every_attribute_it_bound_back(launched: bool) -> 
     model = Model()
     before = dict(vars(model))
     history = model.history = []
-    objects = ArgumentObjects((), {"model": model})
+    objects = watching(model)
     model.coef = Device(np.zeros(3))
     model.steps += 1
     model.scratch = Device(1)
     del model.kept_on_device
-    history.append(Device(2))  # what an attribute holds is not undone
+    history.append(Device(2))  # an item of a list it holds: taken out too
+    model.coef_holder = holder = [Device(3)]  # a list the run made: gone with its attribute
+    holder.append(4)
     if launched:
         objects.launched()
     objects.restore()
     assert vars(model).keys() == {*before, "history"}
     assert all(vars(model)[name] is value for name, value in before.items())
-    assert model.history is history and len(history) == 1
+    assert model.history is history and history == []
 
 
 def test_runs_in_flight_together_each_bind_their_own_values() -> None:
     model = Model()
-    first = ArgumentObjects((model,), {})
+    first = watching(model)
     model.coef = first_coef = Device(np.zeros(3))
     first.launched()
-    second = ArgumentObjects((model,), {})  # a lane's next item, launched before the first lands
+    second = watching(model)  # a lane's next item, launched before the first lands
     model.coef = Device(np.ones(3))
     model.steps = 2
     second.launched()
-    assert first.held() == []  # the second run's values: the first leaves them alone
+    assert first.held({}) == []  # the second run's values: the first leaves them alone
     after_success(first)
     assert isinstance(model.coef, Device)
     second.restore()  # the second failed: its bindings go, the first's come back
     assert model.coef is first_coef and model.steps == 0
 
 
-def test_only_objects_among_the_arguments_are_watched() -> None:
+def test_objects_lists_and_dicts_are_watched_through_containers_and_attributes() -> None:
     def plain(x: Any) -> Any:
         return x
 
     plain.attribute = 1
-    namespace = types.SimpleNamespace(a=1)
-    values: tuple[Any, ...] = (np.ones(2), np.float64(1.0), 3, "text", [Model()], {"m": Model()},
-                               (Model(),), Model, np, plain, None, Slotted())
-    assert not ArgumentObjects(values, {})
+    values: tuple[Any, ...] = (np.ones(2), np.float64(1.0), 3, "text", Model, np, plain, None,
+                               Slotted(), {1, 2}, frozenset({3}), Device(1), (1, "a"))
+    assert not watching(*values)
+    model, inner, namespace = Model(), Model(), types.SimpleNamespace(a=1)
+    model.child = types.SimpleNamespace(coef=None)
+    model.layers = [inner]
+    log: list[Any] = []
+    state = watching(model, {"name": namespace}, (log,), model)
+    model.added = Device(2)  # the object counted once
+    model.child.coef = Device(3)  # an object it holds
+    inner.coef = Device(4)  # an object in a list it holds
+    namespace.a = Device(5)  # an object in a dict argument
+    log.append(Device(6))  # a list in a tuple argument
+    model.history.append(Device(7)) if hasattr(model, "history") else None
+    state.launched()
+    assert len(state.held({})) == 5
+    after_success(state)
+    assert (model.added, model.child.coef, inner.coef, namespace.a, log) == (2, 3, 4, 5, [6])
+    assert model.layers[0] is inner and type(model.coef) is np.ndarray
+
+
+def test_a_copied_container_gives_the_callers_container_the_runs_changes() -> None:
+    weights, other, kept = np.ones(3), np.zeros(2), object()
+    state_dict = {"w": weights, "tmp": 1, "other": other, "kept": kept}
+    arrays = [weights]
+    args: tuple[Any, ...] = (state_dict, arrays)
+    # What the launch makes of them: copies holding device copies.
+    device_dict = {"w": Device(weights), "tmp": 1, "other": Device(other), "kept": kept}
+    device_list = [Device(weights)]
+    device_args: tuple[Any, ...] = (device_dict, device_list)
+    state = watching(*device_args)
+    device_dict["w"] = Device(weights * 2)  # the run: state["w"] = state["w"] * 2
+    del device_dict["tmp"]
+    device_dict["alias"] = device_dict["other"]  # the caller's array, as on the CPU
+    device_list.append(Device(np.full(2, 5.0)))
+    state.launched()
+    twins = state.twins(args, {}, device_args, {})
+    after_success(state, twins)
+    assert list(state_dict) == ["w", "other", "kept", "alias"]
+    np.testing.assert_array_equal(state_dict["w"], weights * 2)
+    assert state_dict["alias"] is other and state_dict["other"] is other
+    assert state_dict["kept"] is kept and arrays[0] is weights
+    np.testing.assert_array_equal(arrays[1], np.full(2, 5.0))
+    state.restore()  # something failed after the conversion: the caller's are as before
+    assert state_dict == {"w": weights, "tmp": 1, "other": other, "kept": kept}
+    assert arrays == [weights]
+
+
+def test_a_failed_run_drops_the_copies_changes_and_puts_the_callers_containers_back() -> None:
+    settings, log, weights = {"n": 1}, [1.0], np.ones(2)
+    state_dict = {"w": weights}
+    device_dict = {"w": Device(weights)}
+    state = watching(settings, log, device_dict)
+    settings["n"] = 2
+    settings["added"] = Device(1)
+    log.append(Device(2))
+    device_dict["w"] = Device(weights + 1)
+    state.restore()
+    assert settings == {"n": 1} and log == [1.0] and state_dict["w"] is weights
+
+
+def test_a_device_copy_of_the_callers_array_stands_for_the_callers_own() -> None:
+    x, model = np.arange(3.0), Model()
+    device_x = Device(x)
+    state = watching(model, device_x)
+    model.x_ = device_x  # self.x_ = x
+    state.launched()
+    twins = state.twins((model, x), {}, (model, device_x), {})
+    assert state.held(twins) == []  # nothing to convert: the caller's x is the value
+    after_success(state, twins)
+    assert model.x_ is x
+
+
+def test_the_walk_looks_at_a_bounded_number_of_values_nearest_first() -> None:
     model = Model()
-    objects = ArgumentObjects((model, namespace, model), {"again": model})
-    assert objects
-    model.added = Device(2)
-    namespace.a = Device(3)
-    objects.launched()
-    assert len(objects.held()) == 2  # the model counted once
-    after_success(objects)
-    assert model.added == 2 and namespace.a == 3
+    big = list(range(100_000))
+    state = watching(big, model)
+    model.coef = Device(1)  # the model, an argument, is watched before the list's items
+    big.append(2)
+    state.launched()
+    after_success(state)
+    assert model.coef == 1 and len(big) == 100_001
+    deep = Model()
+    deep.child = types.SimpleNamespace(child=types.SimpleNamespace(
+        child=types.SimpleNamespace(child=types.SimpleNamespace(coef=None))))
+    state = watching(deep)
+    deep.child.child.child.child.coef = Device(2)  # four levels below: beyond STATE_DEPTH
+    state.launched()
+    assert state.held({}) == []
 
 
 class Slotted:
@@ -148,7 +232,7 @@ def test_objects_a_bound_method_or_partial_holds_are_arguments_too() -> None:
     assert bound_arguments(holder.fit) == (holder,)
     nested = functools.partial(functools.partial(fit, first, last=third), second)
     assert bound_arguments(nested) == (first, second, third)
-    objects = ArgumentObjects((), {}, bound_arguments(holder.fit))
+    objects = watching(*bound_arguments(holder.fit))
     holder.coef = Device(5)
     objects.launched()
     after_success(objects)
@@ -161,4 +245,4 @@ def test_objects_a_bound_method_or_partial_holds_are_arguments_too() -> None:
     callable_object = Callable()
     assert bound_arguments(callable_object) == (callable_object,)
     assert bound_arguments(Callable) == bound_arguments(len) == ()
-    assert not ArgumentObjects((Refusing(),), {})  # not watched; no error
+    assert not watching(Refusing())  # not watched; no error

@@ -9,6 +9,7 @@ import re
 import subprocess
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -538,6 +539,80 @@ def test_a_failed_gpu_attempt_leaves_self_as_the_cpu_run_leaves_it() -> None:
     assert type(model.coef) is np.ndarray
     np.testing.assert_array_equal(model.coef, x.sum(axis=0))
     assert model.steps == 4
+
+
+@veda.gpu(force="gpu")
+def descend(state: dict[str, Any], x: np.ndarray, log: list[Any]) -> float:
+    """A user's gradient step over a state dict: it rebinds, adds and removes keys, and
+    appends to lists the caller holds."""
+    grad = x.T @ (x @ state["w"] - state["y"]) / len(x)
+    state["w"] = state["w"] - 0.1 * grad
+    state["x_seen"] = x
+    del state["scratch"]
+    loss = float(np.mean((x @ state["w"] - state["y"]) ** 2))
+    log.append(loss)
+    state["history"].append(state["w"].copy())
+    return loss
+
+
+def test_containers_a_run_changes_end_as_the_cpu_leaves_them() -> None:
+    rng = np.random.default_rng()
+    x, y, w = rng.random((500, 8)), rng.random(500), rng.random(8)
+
+    def fresh() -> tuple[dict[str, Any], list[Any]]:
+        return {"w": w.copy(), "y": y, "scratch": 1, "history": []}, []
+
+    (state, log), (on_cpu, cpu_log) = fresh(), fresh()
+    history = state["history"]
+    loss = descend(state, x, log)
+    assert last(descend)[0] == "gpu"
+    cpu_loss = descend.__wrapped__(on_cpu, x, cpu_log)
+    assert list(state) == list(on_cpu) == ["w", "y", "history", "x_seen"]
+    assert_same(state["w"], on_cpu["w"], rtol=1e-10)
+    assert state["x_seen"] is x and state["y"] is y and state["history"] is history
+    assert_same(state["history"], on_cpu["history"], rtol=1e-10)
+    assert type(loss) is float and log == [loss] and abs(loss - cpu_loss) < 1e-10
+
+
+@veda.gpu(force="gpu")
+def count_then_fail(state: dict[str, Any], log: list[Any], x: np.ndarray) -> float:
+    state["steps"] += 1
+    log.append(x.sum(axis=0))
+    return float(np.nanpercentile(x, 50))  # CuPy lacks it: the CPU re-runs the call
+
+
+class Summary:
+    """A user's object holding other objects and a list, which a decorated method fills."""
+
+    def __init__(self) -> None:
+        self.stats = types.SimpleNamespace(mean=None)
+        self.parts = [types.SimpleNamespace(total=None)]
+        self.log: list[Any] = []
+
+    @veda.gpu(force="gpu")
+    def summarise(self, x: np.ndarray) -> np.ndarray:
+        self.stats.mean = x.mean(axis=0)
+        self.parts[0].total = x.sum()
+        self.log.append(x.max(axis=0))
+        return self.stats.mean
+
+
+def test_objects_and_lists_inside_arguments_hold_numpy_values_after_a_gpu_run() -> None:
+    x = np.random.default_rng().random((1000, 8))
+    summary = Summary()
+    mean = summary.summarise(x)
+    assert last(Summary.summarise)[0] == "gpu"
+    assert mean is summary.stats.mean and type(mean) is np.ndarray
+    np.testing.assert_allclose(mean, x.mean(axis=0), rtol=1e-10)
+    assert type(summary.parts[0].total) is np.float64
+    assert abs(summary.parts[0].total - x.sum()) < 1e-8 * x.sum()
+    assert len(summary.log) == 1 and type(summary.log[0]) is np.ndarray
+    np.testing.assert_array_equal(summary.log[0], x.max(axis=0))
+    state, log = {"steps": 0, "w": x[0]}, []
+    with pytest.warns(veda.OffloadWarning, match="re-ran on CPU"):
+        count_then_fail(state, log, x)
+    assert last(count_then_fail)[0] == "fallback"
+    assert state["steps"] == 1 and len(log) == 1 and type(log[0]) is np.ndarray
 
 
 def test_returns_device_keeps_cupy_arrays_and_to_host_converts() -> None:

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -68,7 +68,7 @@ from vedart.offload.arguments import (
     map_arrays,
     scan,
 )
-from vedart.offload.assigned import ArgumentObjects, bound_arguments
+from vedart.offload.assigned import ArgumentState, bound_arguments
 from vedart.offload.call_wrapper import build_wrapper
 from vedart.offload.cost import Decision, Forcing, decide
 from vedart.offload.failures import (
@@ -554,7 +554,7 @@ class _Offload:
         started = time.perf_counter()
         made_arrays: list[Any] = []  # 0-d arguments stay 0-d arrays
         pinned_inputs: list[Staged] = []  # copies of small inputs, until the stream is waited for
-        assigned = ArgumentObjects(args, kwargs, self.bound_arguments)
+        state: ArgumentState | None = None
         token = made_recording.set(made_arrays)
         try:
             device_args, device_kwargs = args, kwargs
@@ -571,22 +571,25 @@ class _Offload:
                 if kwargs:
                     device_kwargs = map_arrays(kwargs, HOST_INPUTS, upload_noted,
                                                CONTAINER_DEPTH + 1)
+            state = ArgumentState((*self.bound_arguments, *device_args,
+                                   *device_kwargs.values()), cupy.ndarray)
             moved_in = time.perf_counter()
             error_modes, linalg_mode = raise_errors_here()  # CuPy's checks in unreached code
             try:
                 result = device_function(*device_args, **device_kwargs)
             finally:
                 error_modes.linalg = linalg_mode  # a store: no call an interrupt could precede
-            assigned.launched()
+            state.launched()
         except BaseException:
-            assigned.restore()
+            if state is not None:
+                state.restore()
             if pinned_inputs:  # their blocks go back to the pool: let the copies out end first
                 _settle(device, stream)
             raise
         finally:
             made_recording.reset(token)
         return _Launch(device, stream, engine, device_args, device_kwargs, result, started,
-                       moved_in, made_arrays, pinned_inputs, assigned)
+                       moved_in, made_arrays, pinned_inputs, state)
 
     def land(self, launch: _Launch, reason: str, bytes_to_device: int, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[Any, CallRecord]:
@@ -599,7 +602,7 @@ class _Offload:
         try:
             return self._land(launch, reason, bytes_to_device, args, kwargs)
         except BaseException:
-            launch.assigned.restore()
+            launch.state.restore()
             if launch.pinned_inputs:  # as in launch: the copies out of them end first
                 _settle(launch.device, launch.stream)
             raise
@@ -623,21 +626,27 @@ class _Offload:
             write_backs = self._fetch_writes(args, kwargs, launch.device_args,
                                              launch.device_kwargs)
             bytes_to_host = sum(host.nbytes for _, _, host in write_backs)
+        state = launch.state
+        twins = state.twins(args, kwargs, launch.device_args, launch.device_kwargs) \
+            if state else {}
+        held = state.held(twins) if state else []
+        values: Sequence[Any] = [value for _, _, value in held]  # returns="device": as they are
         if self._returns_host:
             copy = to_host if launch.engine is None else launch.engine.to_host
             writes = {id(device): (device, original) for original, device, _ in write_backs} \
                 if write_backs else None
-            held = launch.assigned.held() if launch.assigned else []
-            if held:  # first: the result may be one of these objects (return self)
+            if held:  # first: the result may hold what they hold (return self)
                 values, attribute_bytes = results_to_host(
-                    tuple(value for _, _, value in held), cupy.ndarray,
-                    made_arrays=launch.made_arrays, writes=writes, copy=copy)
-                launch.assigned.bind(held, values)
+                    tuple(values), cupy.ndarray, made_arrays=launch.made_arrays, writes=writes,
+                    copy=copy)
                 bytes_to_host += attribute_bytes
                 # An array the result holds too comes back as the attribute's host array.
                 writes = {**(writes or {}), **{
                     id(device): (device, host) for (_, _, device), host in zip(held, values)
                     if type(device) is cupy.ndarray and type(host) is np.ndarray}} or None
+        if state:
+            state.bind(held, values, twins)
+        if self._returns_host:
             result, result_bytes = results_to_host(
                 result, cupy.ndarray, made_arrays=launch.made_arrays, writes=writes, copy=copy)
             bytes_to_host += result_bytes
@@ -711,7 +720,7 @@ class _Launch:
     moved_in: float
     made_arrays: list[Any]  # 0-d device arrays that come back as 0-d arrays
     pinned_inputs: list[Staged]  # pinned copies the uploads read: kept until the stream is done
-    assigned: ArgumentObjects  # the argument objects' attributes around the launch
+    state: ArgumentState  # the arguments' objects and containers around the launch
 
 
 class PlannedCall:
