@@ -80,20 +80,33 @@ def test_a_failed_attempt_puts_every_attribute_it_bound_back(launched: bool) -> 
     model = Model()
     before = dict(vars(model))
     history = model.history = []
-    objects = watching(model)
+    log: list[Any] = []
+    objects = watching(model, log)
     model.coef = Device(np.zeros(3))
     model.steps += 1
     model.scratch = Device(1)
     del model.kept_on_device
-    history.append(Device(2))  # an item of a list it holds: taken out too
     model.coef_holder = holder = [Device(3)]  # a list the run made: gone with its attribute
     holder.append(4)
+    log.append(Device(5))  # a list the call was given: put back
+    history.append(2)  # an item of a list the object holds: not put back (its internals)
     if launched:
         objects.launched()
     objects.restore()
     assert vars(model).keys() == {*before, "history"}
     assert all(vars(model)[name] is value for name, value in before.items())
-    assert model.history is history and history == []
+    assert model.history is history and history == [2] and log == []
+
+
+def test_objects_in_argument_containers_are_put_back_and_those_objects_hold_are_not() -> None:
+    in_list, held = Model(), Model()
+    in_list.child = held
+    state = watching([in_list], {"m": (Model(),)})
+    in_list.steps += 1  # given (in a list argument): put back
+    held.steps += 1  # held by its attribute: another thread's, maybe; left
+    held.coef = Device(3)
+    state.restore()
+    assert in_list.steps == 0 and held.steps == 1 and isinstance(held.coef, Device)
 
 
 def test_runs_in_flight_together_each_bind_their_own_values() -> None:
@@ -215,6 +228,107 @@ class Slotted:
 class Refusing:
     def __getattribute__(self, name: str) -> Any:
         raise RuntimeError("a proxy that answers nothing")
+
+
+def run_on_copies(*host_args: Any) -> tuple[ArgumentState, tuple[Any, ...]]:
+    """A state over copies of ``host_args`` as the upload makes them (dicts and lists
+    holding arrays copied, arrays as stand-ins)."""
+    def copied(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return Device(value)
+        if isinstance(value, dict) and any(isinstance(v, np.ndarray) for v in value.values()):
+            return {key: copied(item) for key, item in value.items()}
+        if isinstance(value, list) and any(isinstance(v, np.ndarray) for v in value):
+            return [copied(item) for item in value]
+        return value
+    device_args = tuple(copied(value) for value in host_args)
+    return watching(*device_args), device_args
+
+
+def landed(state: ArgumentState, host_args: tuple[Any, ...],
+           device_args: tuple[Any, ...]) -> None:
+    after_success(state, state.twins(host_args, {}, device_args, {}))
+
+
+def test_numbers_never_stand_for_the_callers_values() -> None:
+    caller = {"w": np.ones(2), "n": 0}
+    state, (copy,) = run_on_copies(caller)
+    copy["n"] += 1
+    copy["errors"] = 0  # the same int object as the copy's "n" held at the start
+    state.launched()
+    caller["n"] = 1  # an earlier item of a lane landed meanwhile
+    landed(state, (caller,), (copy,))
+    assert caller["errors"] == 0 and caller["n"] == 1
+
+
+def test_copies_are_watched_whatever_the_other_arguments_hold() -> None:
+    params = {"layer": {"w": np.ones(2)}, **{f"b{i}": np.ones(1) for i in range(300)}}
+    losses = [0.5] * 255
+    state, (device_losses, copy) = run_on_copies(losses, params)
+    copy["layer"]["w"] = Device(np.zeros(2))
+    copy["b7"] = Device(np.zeros(1))
+    state.launched()
+    landed(state, (losses, params), (device_losses, copy))
+    np.testing.assert_array_equal(params["layer"]["w"], np.zeros(2))
+    np.testing.assert_array_equal(params["b7"], np.zeros(1))
+
+
+def test_copies_of_one_container_each_give_their_own_changes() -> None:
+    shared, arrays = {"w": np.ones(2), "n": 0}, [np.ones(2)]
+    first, (first_dict, first_list) = run_on_copies(shared, arrays)  # two lane items, or
+    second, (second_dict, second_list) = run_on_copies(shared, arrays)  # f(d, d)
+    first_dict["a"] = Device(1)
+    first_list.append(Device(2))
+    first.launched()
+    second_dict["b"] = Device(3)
+    second_dict["n"] += 1
+    second_list.append(Device(4))
+    second.launched()
+    landed(first, (shared, arrays), (first_dict, first_list))
+    landed(second, (shared, arrays), (second_dict, second_list))
+    assert (shared["a"], shared["b"], shared["n"]) == (1, 3, 1)
+    assert arrays[1:] == [2, 4] and type(arrays[0]) is np.ndarray
+
+
+def test_a_list_two_runs_in_flight_change_ends_with_host_values() -> None:
+    model = Model()
+    model.window = [1.0, 2.0]
+    first = watching(model)
+    model.window.append(Device(3.0))  # a lane's items: window.append(...); window.pop(0)
+    model.window.pop(0)
+    first.launched()
+    second = watching(model)
+    model.window.append(Device(4.0))
+    model.window.pop(0)
+    second.launched()
+    after_success(first)
+    after_success(second)
+    assert model.window == [3.0, 4.0]
+
+
+def test_the_callers_objects_and_lists_bound_elsewhere_keep_their_identity() -> None:
+    parent, child, log = Model(), Model(), []
+    state = watching(parent, child, log)
+    child.coef = Device(np.zeros(2))
+    log.append(Device(1))
+    parent.child, parent.log = child, log
+    state.launched()
+    after_success(state)
+    assert parent.child is child and parent.log is log
+    assert type(child.coef) is np.ndarray and log == [1]
+
+
+def test_odd_containers_are_read_without_their_own_methods() -> None:
+    class Odd(dict):  # type: ignore[type-arg]
+        def copy(self) -> Any:
+            return 5
+
+    odd = Odd(a=1)
+    state = watching(odd)
+    odd["b"] = Device(2)
+    state.launched()
+    after_success(state)
+    assert odd == {"a": 1, "b": 2}
 
 
 def test_objects_a_bound_method_or_partial_holds_are_arguments_too() -> None:

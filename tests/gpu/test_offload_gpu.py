@@ -572,6 +572,15 @@ def test_containers_a_run_changes_end_as_the_cpu_leaves_them() -> None:
     assert state["x_seen"] is x and state["y"] is y and state["history"] is history
     assert_same(state["history"], on_cpu["history"], rtol=1e-10)
     assert type(loss) is float and log == [loss] and abs(loss - cpu_loss) < 1e-10
+    assert rescaled(state) is state  # a copy returned: the caller's dict, as on the CPU
+    assert last(rescaled)[0] == "gpu"
+    assert_same(state["w"], on_cpu["w"] * 2, rtol=1e-10)
+
+
+@veda.gpu(force="gpu")
+def rescaled(state: dict[str, Any]) -> dict[str, Any]:
+    state["w"] = state["w"] * 2
+    return state
 
 
 @veda.gpu(force="gpu")

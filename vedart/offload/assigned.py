@@ -1,10 +1,10 @@
 """What a GPU run changes in the objects and containers among a call's arguments.
 
-The GPU path hands the device clone device copies of a call's arrays, copies of the lists and
-dicts that hold arrays (holding device copies), and everything else as it is: objects (a
-decorated method's ``self``, a model passed in) and containers without arrays. A run can so
-leave the caller's state other than the CPU path leaves it, in two ways: it gives the caller's
-own objects and containers device arrays (``self.coef = np.linalg.solve(...)``,
+The GPU path hands the device clone device copies of a call's arrays, copies of the lists,
+dicts and tuples that hold arrays (holding device copies), and everything else as it is:
+objects (a decorated method's ``self``, a model passed in) and containers without arrays. A
+run can so leave the caller's state other than the CPU path leaves it, in two ways: it gives
+the caller's own objects and containers device arrays (``self.coef = np.linalg.solve(...)``,
 ``self.child.coef = ...``, ``log.append(x.sum())``), and its changes to a copied container
 (``state["w"] = state["w"] - step``, ``del state["tmp"]``, ``arrays.append(y)``) do not reach
 the caller's. vedart leaves what the CPU path leaves:
@@ -13,20 +13,25 @@ the caller's. vedart leaves what the CPU path leaves:
   converted together with the result, as results are
   (:func:`~vedart.offload.results.results_to_host`: the same types, one host array for one
   device array however many places hold it, objects made in the call given their class back);
-  a device copy of the caller's array or container stands for the caller's own (``self.x_ =
-  x`` keeps the caller's ``x``), and each copied container the run changed gives the caller's
-  its items;
-- after a GPU attempt that fails, each attribute or item it bound or removed in the caller's
-  own objects and containers, and that is still as it left it, is put back, so that the CPU
-  re-run starts from the caller's state; the copies are dropped.
+  the caller's own values stay themselves: a device copy of the caller's array stands for it
+  (``self.x_ = x`` keeps the caller's ``x``), and a watched object or container bound
+  elsewhere is that same one; each copied dict gives the caller's the keys the run bound or
+  removed, each copied list the items it appended (a list changed otherwise: its items);
+- after a GPU attempt that fails, each attribute or item it bound or removed in the objects,
+  lists and dicts the call was given (among the arguments, or in their lists, dicts and
+  tuples), and that is still as it left it, is put back, so that the CPU re-run starts from
+  the caller's state (``self.steps += 1`` counts once); the copies are dropped. What objects
+  hold through their attributes is converted after a success but not put back after a failure
+  (``self.history.append(...)`` on the failed attempt stays): other threads may change an
+  object's internals while the run goes on.
 
 What arrays hold is neither undone nor copied back (in-place writes: see ``writes=``).
-Watched are the objects (their ``__dict__``, not ``__slots__``), lists and dicts among the
-arguments and those a bound method, a callable object or a ``functools.partial`` holds, and,
-``STATE_DEPTH`` levels below these, the objects, lists and dicts inside them (through
-attributes, items and tuples), ``STATE_VALUES`` values at most, nearest first; one of more
-than ``STATE_VALUES`` items or attributes is not watched. Runs in flight
-together (a GPU lane's items, threads) each touch only what still holds the values they left.
+Watched are the objects (their ``__dict__``, not ``__slots__``), lists and dicts the call
+was given, as deep in its lists, dicts and tuples as the upload looks for arrays (all of
+them: the upload walks them anyway), and what those objects hold through their attributes,
+``STATE_DEPTH`` levels deep, nearest first, while the values looked at and the items of what
+is watched number ``STATE_VALUES`` at most. Runs in flight together (a GPU lane's items,
+threads) each touch only what still holds the values they left.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import itertools
 import operator
 import types
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -78,40 +83,64 @@ def bound_arguments(func: Any) -> tuple[Any, ...]:
     return tuple(bound)
 
 
+# Types that never hold state, checked for a whole list at once (a list of numbers is common).
+_PLAIN_TYPES = frozenset({int, float, complex, bool, str, bytes, type(None), np.ndarray,
+                          np.float64, np.float32, np.int64, np.int32, np.bool_})
+
+
 def _opened(values: Sequence[Any], leaf_type: type) -> list[Any]:
     """Those of ``values`` that may be state (by type: a proxy's ``__class__`` may raise)."""
+    kinds = set(map(type, values))
+    kinds.discard(leaf_type)
+    if kinds <= _PLAIN_TYPES:
+        return []
     return [value for value in values
             if type(value) is not leaf_type and not issubclass(type(value), _NOT_STATE)]
 
 
+def _position(items: list[Any], value: Any) -> int:
+    """Where ``value`` itself is in ``items`` (searched from the end, where appends go), or
+    -1."""
+    for position in range(len(items) - 1, -1, -1):
+        if items[position] is value:
+            return position
+    return -1
+
+
 class _Watched:
-    """One dict (an object's ``__dict__``, or a dict) or list the run may change: what it
-    held before the run (``before``), and what of it the run changed (``left``: per key, the
-    value it left, ``_ABSENT`` where it removed one; of a list, the items it left, or None)."""
+    """One object's ``__dict__``, dict or list (``items``, of ``value``) the run may change:
+    what it held before the run (``before``), and what of it the run changed (``left``: per
+    key, the value it left, ``_ABSENT`` where it removed one; of a list, the items it left;
+    None when nothing)."""
 
-    __slots__ = ("items", "before", "left", "applied")
+    __slots__ = ("value", "items", "given", "before", "left", "undo")
 
-    def __init__(self, items: dict[Any, Any] | list[Any]) -> None:
+    def __init__(self, value: Any, items: dict[Any, Any] | list[Any], given: bool) -> None:
+        """``given``: the call was given it (it is among the arguments, or in their lists,
+        dicts and tuples), rather than held by an object's attributes."""
+        self.value = value
         self.items = items
-        self.before: dict[Any, Any] | list[Any] = items.copy()
+        self.given = given
+        self.before: dict[Any, Any] | list[Any] = \
+            dict(items) if isinstance(items, dict) else list(items)
         self.left: dict[Any, Any] | list[Any] | None = None
-        # A copy's caller's container once given the run's items: (container, what it held,
-        # what it was given), for a failure after that.
-        self.applied: tuple[Any, Any, list[Any]] | None = None
+        # What bind changed in the caller's container a copy stands for, to put back after a
+        # failure: (container, key or slice, what it held there, what bind put there).
+        self.undo: list[tuple[Any, Any, Any, Any]] = []
 
     def changes(self) -> dict[Any, Any] | list[Any] | None:
-        items, before = self.items, self.before
-        if isinstance(items, list):
-            assert isinstance(before, list)
+        before = self.before
+        if isinstance(before, list):
+            items = list(self.items)
             unchanged = len(items) == len(before) and all(map(operator.is_, items, before))
-            return None if unchanged else list(items)
-        assert isinstance(before, dict)
-        if len(items) == len(before) and items.keys() == before.keys() and \
-                all(map(operator.is_, items.values(), before.values())):
+            return None if unchanged else items
+        now = dict(self.items)  # one step: another thread may change it meanwhile
+        if len(now) == len(before) and now.keys() == before.keys() and \
+                all(map(operator.is_, now.values(), before.values())):
             return None  # most are left alone: one pass in C
-        changed = {key: value for key, value in items.items()
+        changed = {key: value for key, value in now.items()
                    if before.get(key, _ABSENT) is not value}
-        changed.update((key, _ABSENT) for key in before if key not in items)
+        changed.update((key, _ABSENT) for key in before if key not in now)
         return changed or None
 
     def bound(self) -> list[tuple[Any, Any]]:
@@ -125,11 +154,91 @@ class _Watched:
                     if id(item) not in kept]
         return [(key, value) for key, value in left.items() if value is not _ABSENT]
 
-    def holds(self, key: Any, value: Any) -> bool:
+    def rebind(self, key: Any, value: Any, new: Any) -> bool:
+        """Bind ``new`` where ``value`` is (a list: wherever it now is) if it still is."""
         items = self.items
         if isinstance(items, list):
-            return key < len(items) and items[key] is value
-        return items.get(key, _ABSENT) is value
+            position = _position(items, value)
+            if position < 0:
+                return False
+            items[position] = new
+        elif items.get(key, _ABSENT) is value:
+            items[key] = new
+        else:
+            return False
+        self.left[key] = new  # type: ignore[index]  # what restore takes for the run's
+        return True
+
+    def holds(self, key: Any, value: Any) -> bool:
+        items = self.items
+        return _position(items, value) >= 0 if isinstance(items, list) else \
+            items.get(key, _ABSENT) is value
+
+    def give(self, caller: dict[Any, Any] | list[Any], host: Callable[[Any, Any], Any]) -> None:
+        """Give ``caller``, the container this copy stands for, the run's changes (``host``:
+        the caller's value for a key and the value the run left there)."""
+        left, before = self.left, self.before
+        if isinstance(caller, dict):
+            assert isinstance(left, dict)
+            for key, value in left.items():
+                held = caller.get(key, _ABSENT)
+                new = _ABSENT if value is _ABSENT else host(key, value)
+                if new is _ABSENT:
+                    caller.pop(key, None)
+                else:
+                    caller[key] = new
+                self.undo.append((caller, key, held, new))
+            return
+        assert isinstance(left, list) and isinstance(caller, list)
+        start = len(before)
+        if len(left) >= start and all(map(operator.is_, left[:start], before)):
+            added = [host(position, item) for position, item in enumerate(left)][start:]
+            where = slice(len(caller), len(caller) + len(added))
+            caller.extend(added)  # appends only: onto the caller's, as another run's may be
+            self.undo.append((caller, where, [], added))
+        else:
+            given = [host(position, item) for position, item in enumerate(left)]
+            self.undo.append((caller, slice(None), list(caller), given))
+            caller[:] = given
+
+    def put_back(self) -> None:
+        """Undo :meth:`give` where the caller's container still holds what it gave, else
+        what the run changed in its own ``items`` (a given one's)."""
+        if self.undo:
+            for caller, where, held, new in reversed(self.undo):
+                if isinstance(where, slice):
+                    now = caller[where]
+                    if len(now) == len(new) and all(map(operator.is_, now, new)):
+                        caller[where] = held
+                elif caller.get(where, _ABSENT) is new:
+                    if held is _ABSENT:
+                        del caller[where]
+                    else:
+                        caller[where] = held
+            return
+        if not self.given:
+            return
+        left, items, before = self.left, self.items, self.before
+        if isinstance(before, list):
+            assert isinstance(items, list)
+            now = list(items)
+            if len(now) == len(left) and all(map(operator.is_, now, left)):  # type: ignore
+                items[:] = before
+            else:  # others changed it since: take out what this run added
+                for _, value in self.bound():
+                    position = _position(items, value)
+                    if position >= 0:
+                        del items[position]
+            return
+        assert isinstance(left, dict) and isinstance(items, dict)
+        for name, value in left.items():
+            if items.get(name, _ABSENT) is not value:
+                continue
+            held = before.get(name, _ABSENT)
+            if held is not _ABSENT:
+                items[name] = held
+            elif value is not _ABSENT:
+                del items[name]
 
 
 class ArgumentState:
@@ -138,7 +247,7 @@ class ArgumentState:
     :meth:`bind` after a success, or :meth:`restore` after a failure. False when there is
     nothing to watch."""
 
-    __slots__ = ("_watched", "_launched")
+    __slots__ = ("_watched", "_launched", "_leaf_type")
 
     def __init__(self, values: Sequence[Any], leaf_type: type = type(None)) -> None:
         """``values``: what the run is given (its arguments, their device copies among them,
@@ -146,64 +255,97 @@ class ArgumentState:
         the device array type, never looked into."""
         self._watched: list[_Watched] = []
         self._launched = False
-        roots = _opened(values, leaf_type)
-        if not roots:  # arrays and numbers only: the commonest call
+        self._leaf_type = leaf_type
+        level = _opened(values, leaf_type)
+        if not level:  # arrays and numbers only: the commonest call
             return
-        queue = deque((value, STATE_DEPTH) for value in roots)
-        budget = STATE_VALUES - len(values)  # every value looked at counts, leaves too
         seen: set[int] = set()
-        while queue:
-            value, depth = queue.popleft()
-            kind = type(value)
-            if issubclass(kind, tuple):
-                inner: Any = value
-            else:
-                items = value if issubclass(kind, (list, dict)) else _attributes(value)
-                if items is None or id(items) in seen:
+        objects: deque[tuple[_Watched, int]] = deque()
+        # What the call was given: the arguments, and what their lists, dicts and tuples
+        # hold as deep as the upload looks (which walked them already): all watched.
+        depth = CONTAINER_DEPTH
+        while level:
+            inner: list[Any] = []
+            for value in level:
+                kind = type(value)
+                if issubclass(kind, tuple):
+                    inner += value
                     continue
-                seen.add(id(items))
-                try:  # a long one would cost a copy and a comparison on every call
-                    if len(items) > STATE_VALUES:
-                        continue
-                    self._watched.append(_Watched(items))
-                except Exception:  # a container subclass whose copy refuses: not watched
+                container = issubclass(kind, (list, dict))
+                watched = self._watch(value, value if container else _attributes(value), True,
+                                      seen)
+                if watched is None:
                     continue
-                inner = items.values() if isinstance(items, dict) else items
-            if depth and budget > 0:
-                taken = list(itertools.islice(inner, budget))
-                budget -= len(taken)
-                queue.extend((item, depth - 1) for item in _opened(taken, leaf_type))
+                if not container:
+                    objects.append((watched, STATE_DEPTH))
+                elif depth:
+                    inner += watched.before.values() if isinstance(watched.before, dict) \
+                        else watched.before
+            level = _opened(inner, leaf_type) if depth else []
+            depth -= 1
+        # What those objects hold through their attributes, nearest first: each value looked
+        # at and each item of what is watched counts towards STATE_VALUES.
+        budget = STATE_VALUES
+        while objects and budget > 0:
+            holder, depth = objects.popleft()
+            before = holder.before
+            taken = list(itertools.islice(
+                before.values() if isinstance(before, dict) else before, budget))
+            budget -= len(taken)
+            for value in _opened(taken, leaf_type):
+                if issubclass(type(value), tuple):
+                    continue  # (a tuple an object holds is a value, not its state)
+                container = issubclass(type(value), (list, dict))
+                items = value if container else _attributes(value)
+                if items is None or len(items) > budget:
+                    continue  # watching costs a copy and a comparison on every call
+                watched = self._watch(value, items, False, seen)
+                if watched is not None:
+                    budget -= len(items)
+                    if depth > 1:
+                        objects.append((watched, depth - 1))
+
+    def _watch(self, value: Any, items: Any, given: bool, seen: set[int]) -> _Watched | None:
+        if items is None or id(items) in seen:
+            return None
+        seen.add(id(items))
+        try:
+            watched = _Watched(value, items, given)
+        except Exception:  # a container subclass that refuses to be read: not watched
+            return None
+        self._watched.append(watched)
+        return watched
 
     def __bool__(self) -> bool:
         return bool(self._watched)
 
     def twins(self, args: tuple[Any, ...], kwargs: dict[str, Any],
               device_args: tuple[Any, ...], device_kwargs: dict[str, Any]) -> dict[int, Any]:
-        """``id(copy) -> the caller's value`` for each array and container of the caller's
-        ``args`` and ``kwargs`` that the ones the run was given (with arrays converted by
-        :func:`~vedart.offload.arguments.map_arrays`) held a copy of in its place when the run
-        began (a container is read as it was then; one not watched is not looked into)."""
-        before = {id(watched.items): watched.before for watched in self._watched}
+        """``id(copy) -> the caller's value`` for each array and list, dict or tuple of the
+        caller's ``args`` and ``kwargs`` that the ones the run was given (with arrays
+        converted by :func:`~vedart.offload.arguments.map_arrays`) held a copy of in its
+        place when the run began (a list or dict read as it was then)."""
+        before = {id(watched.value): watched.before for watched in self._watched}
+        leaf_type = self._leaf_type
         twins: dict[int, Any] = {}
 
         def pair(host: Any, device: Any, depth: int) -> None:
             if host is device:
                 return
+            if type(device) is leaf_type:
+                twins[id(device)] = host
+                return
+            held = device if isinstance(device, tuple) else before.get(id(device))
+            if held is None or type(host) is not type(device):
+                return  # not a copy of the caller's (another thread rebound it, say)
             twins[id(device)] = host
             if depth <= 0:
                 return
-            if isinstance(device, tuple):
-                held: Any = device
-            else:
-                held = before.get(id(device))
-                if held is None:
-                    return
-            if isinstance(held, dict) and isinstance(host, dict):
+            if isinstance(held, dict):
                 for key, item in held.items():
                     if key in host:
                         pair(host[key], item, depth - 1)
-            elif isinstance(held, (list, tuple)) and isinstance(host, (list, tuple)) and \
-                    len(held) == len(host):
+            elif len(held) == len(host):
                 for host_item, item in zip(host, held, strict=True):
                     pair(host_item, item, depth - 1)
 
@@ -221,77 +363,53 @@ class ArgumentState:
 
     def held(self, twins: dict[int, Any]) -> list[tuple[int, Any, Any]]:
         """(watched index, key or position, value) of each item the run bound that still
-        holds the value it left and is not a device copy of the caller's (``twins``,
-        :meth:`twins`): the values to convert."""
+        holds the value it left, and is neither a copy of the caller's (``twins``:
+        :meth:`twins`) nor watched itself (the caller's, converted in place): the values to
+        convert."""
+        own = {id(watched.value) for watched in self._watched}
         return [(index, key, value) for index, watched in enumerate(self._watched)
                 for key, value in watched.bound()
-                if id(value) not in twins and watched.holds(key, value)]
+                if id(value) not in twins and id(value) not in own and
+                (twins.get(id(watched.value)) is not None or watched.holds(key, value))]
 
     def bind(self, held: Sequence[tuple[int, Any, Any]], values: Sequence[Any],
              twins: dict[int, Any]) -> None:
         """Give the caller's state what the run left, ``held`` converted to ``values`` and
-        device copies standing for the caller's own (which :meth:`restore` then takes for
-        the run's)."""
+        copies standing for the caller's own (which :meth:`restore` then takes for the
+        run's)."""
         converted = {(index, key): value
                      for (index, key, _), value in zip(held, values, strict=True)}
-
-        def host(index: int, key: Any, value: Any) -> Any:
-            found = converted.get((index, key), _ABSENT)
-            return twins.get(id(value), value) if found is _ABSENT else found
-
         for index, watched in enumerate(self._watched):
-            left = watched.left
-            if left is None:
+            if watched.left is None:
                 continue
-            caller = twins.get(id(watched.items))
-            if caller is None:  # the caller's own: what still holds the run's value
-                for key, value in watched.bound():
-                    new = host(index, key, value)
-                    if new is not value and watched.holds(key, value):
-                        watched.items[key] = left[key] = new
+
+            def host(key: Any, value: Any, index: int = index) -> Any:
+                found = converted.get((index, key), _ABSENT)
+                return twins.get(id(value), value) if found is _ABSENT else found
+
+            caller = twins.get(id(watched.value))
+            if caller is not None:  # a copy the run changed: the caller's gets the changes
+                watched.give(caller, host)
                 continue
-            # A copy the run changed: the caller's container gets its items.
-            if isinstance(watched.items, list):
-                given = [host(index, position, item)
-                         for position, item in enumerate(watched.items)]
-                watched.applied = (caller, caller.copy(), given)
-                caller[:] = given
-            else:
-                pairs = [(key, host(index, key, value)) for key, value in watched.items.items()]
-                watched.applied = (caller, caller.copy(), [value for _, value in pairs])
-                caller.clear()
-                caller.update(pairs)
+            for key, value in watched.bound():  # the caller's own: where it holds the value
+                new = host(key, value)
+                if new is not value:
+                    watched.rebind(key, value, new)
 
     def restore(self) -> None:
-        """Put back each attribute or item the run bound or removed, and that is still as it
-        left it (removing those it added), and each caller's container :meth:`bind` gave a
-        copy's items: after a failure, also before :meth:`launched` (then every change counts
-        as the run's)."""
+        """Put back each attribute or item the run bound or removed in what the call was
+        given, and that is still as it left it (removing those it added; of a list others
+        changed since, the items it added are taken out), and what :meth:`bind` gave the
+        caller's containers the copies stand for: after a failure, also before
+        :meth:`launched` (then every change counts as the run's). What objects hold through
+        their attributes is not put back: other threads may change an object's internals
+        (a client's, an executor's) while the run goes on."""
         for watched in self._watched:
-            if watched.applied is not None:
-                caller, held_before, given = watched.applied
-                now = list(caller.values() if isinstance(caller, dict) else caller)
-                if len(now) == len(given) and all(map(operator.is_, now, given)):
-                    caller.clear()
-                    if isinstance(caller, dict):
-                        caller.update(held_before)
-                    else:
-                        caller.extend(held_before)
+            if watched.left is None and not self._launched:
+                watched.left = watched.changes()
+            if watched.left is None:
                 continue
-            left = watched.left if self._launched else watched.changes()
-            if left is None:
+            try:
+                watched.put_back()
+            except Exception:  # an odd container: the others are put back all the same
                 continue
-            items, before = watched.items, watched.before
-            if isinstance(items, list):
-                if len(items) == len(left) and all(map(operator.is_, items, left)):
-                    items[:] = before
-                continue
-            assert isinstance(before, dict) and isinstance(left, dict)
-            for name, value in left.items():
-                if items.get(name, _ABSENT) is not value:
-                    continue
-                held = before.get(name, _ABSENT)
-                if held is not _ABSENT:
-                    items[name] = held
-                elif value is not _ABSENT:
-                    del items[name]

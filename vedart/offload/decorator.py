@@ -629,6 +629,9 @@ class _Offload:
         state = launch.state
         twins = state.twins(args, kwargs, launch.device_args, launch.device_kwargs) \
             if state else {}
+        if twins and not self._returns_host:  # device arrays stay: only containers stand in
+            twins = {key: value for key, value in twins.items()
+                     if type(value) is not np.ndarray}
         held = state.held(twins) if state else []
         values: Sequence[Any] = [value for _, _, value in held]  # returns="device": as they are
         if self._returns_host:
@@ -647,6 +650,8 @@ class _Offload:
         if state:
             state.bind(held, values, twins)
         if self._returns_host:
+            if isinstance(result, (list, dict)) and id(result) in twins:
+                result = twins[id(result)]  # a copy returned: the caller's, which has its items
             result, result_bytes = results_to_host(
                 result, cupy.ndarray, made_arrays=launch.made_arrays, writes=writes, copy=copy)
             bytes_to_host += result_bytes
