@@ -54,6 +54,15 @@ def test_a_writes_argument_returned_is_the_callers_own_array() -> None:
     np.testing.assert_array_equal(out, x * 2)
     np.testing.assert_array_equal(halves, (x * 2)[::2])
 
+    @veda.gpu(force="gpu", writes=("out",))
+    def tail(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        out[:] = x + 1
+        return out[1:]  # one array, a view of the writes= argument
+
+    rest = tail(x, out)
+    assert last(tail)[0] == "gpu" and np.shares_memory(rest, out)
+    np.testing.assert_array_equal(rest, (x + 1)[1:])
+
 
 def test_results_sharing_memory_share_it_on_the_host() -> None:
     @veda.gpu(force="gpu")

@@ -179,7 +179,8 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
     the caller's arrays receive after this (views of them are made now, filled then);
     ``copy``: makes the host copy of one device array (a transfer engine's ``to_host``)."""
     writes = writes or {}
-    if type(value) is device_type and id(value) not in writes:  # the common case, one array
+    if type(value) is device_type and not writes:  # the common case, one array (a view of a
+        # writes= argument, out[1:], must go through the anchors below)
         host = _copy_to_host(value, copy)
         kept = host.ndim == 0 and bool(made_arrays) and any(value is array
                                                              for array in made_arrays)
