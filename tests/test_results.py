@@ -115,6 +115,18 @@ def test_a_writes_argument_comes_back_as_the_callers_own_array() -> None:
     np.testing.assert_array_equal(host[2], other.get())
 
 
+def test_one_result_that_is_a_view_of_a_writes_argument_is_a_view_of_the_callers() -> None:
+    out = rng().random(12)
+    device_out = device(out)
+    elsewhere = device(rng(3).random(4))  # a result outside every writes= argument
+    writes = {id(device_out): (device_out, out)}
+    host, moved = results_to_host(device_out[1:], FakeDeviceArray, writes=writes)
+    assert np.shares_memory(host, out) and moved == 0
+    alone, moved = results_to_host(elsewhere, FakeDeviceArray, writes=writes)
+    np.testing.assert_array_equal(alone, elsewhere.get())
+    assert moved == elsewhere.nbytes
+
+
 def test_a_view_of_a_non_contiguous_writes_argument_is_a_copy() -> None:
     backing = rng().random(24)
     out = backing[::2]  # the device holds a contiguous copy: the layouts differ

@@ -97,6 +97,17 @@ def _span(array: Any) -> tuple[int, int]:
     return low, high + array.itemsize
 
 
+def _within(array: Any, writes: Mapping[int, tuple[Any, np.ndarray]]) -> bool:
+    """Whether ``array``'s elements lie in those of one of the ``writes`` device arrays."""
+    low, high = _span(array)
+    for device, _ in writes.values():
+        if device.size:
+            device_low, device_high = _span(device)
+            if device_low <= low and high <= device_high:
+                return True
+    return False
+
+
 def _view(array: Any, host_buffer: np.ndarray, offset: int) -> np.ndarray:
     """A host array laid out as the device ``array``, whose first element sits ``offset``
     bytes into the flat, contiguous ``host_buffer``."""
@@ -179,8 +190,8 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
     the caller's arrays receive after this (views of them are made now, filled then);
     ``copy``: makes the host copy of one device array (a transfer engine's ``to_host``)."""
     writes = writes or {}
-    if type(value) is device_type and not writes:  # the common case, one array (a view of a
-        # writes= argument, out[1:], must go through the anchors below)
+    if type(value) is device_type and id(value) not in writes and not (  # the common case
+            writes and value.size and _within(value, writes)):  # (out[1:]: the anchors below)
         host = _copy_to_host(value, copy)
         kept = host.ndim == 0 and bool(made_arrays) and any(value is array
                                                              for array in made_arrays)
