@@ -20,23 +20,24 @@ the caller's. vedart leaves what the CPU path leaves:
 - after a GPU attempt that fails, each attribute or item it bound or removed in the objects,
   lists and dicts the call was given (among the arguments, or in their lists, dicts and
   tuples), and that is still as it left it, is put back, so that the CPU re-run starts from
-  the caller's state (``self.steps += 1`` counts once); the copies are dropped.
+  the caller's state (``self.steps += 1`` counts once); the copies are dropped. What objects
+  hold through their attributes is converted after a success but not put back after a failure
+  (``self.history.append(...)`` on the failed attempt stays): other threads may change an
+  object's internals while the run goes on.
 
-What arrays hold is neither undone nor copied back (in-place writes: see ``writes=``). The
-objects (their ``__dict__``, not ``__slots__``), lists and dicts the call was given, as deep
-in its lists, dicts and tuples as the upload looks for arrays, are watched: copied before the
-run, compared after it (all of them: the upload walks them anyway). What those objects hold
-through attributes they kept is looked at after a success only, ``STATE_DEPTH`` levels deep,
-nearest first, ``STATE_VALUES`` values at most: each device array found there (and tuple
-holding one, and object of a device class) is converted in place, whoever put it there, and
-nothing is put back after a failure (other threads may change an object's internals while
-the run goes on). Runs in flight together (a GPU lane's items, threads) each touch only what
-still holds the values they left.
+What arrays hold is neither undone nor copied back (in-place writes: see ``writes=``).
+Watched are the objects (their ``__dict__``, not ``__slots__``), lists and dicts the call
+was given, as deep in its lists, dicts and tuples as the upload looks for arrays (all of
+them: the upload walks them anyway), and what those objects hold through their attributes,
+``STATE_DEPTH`` levels deep, nearest first, while the values looked at and the items of what
+is watched number ``STATE_VALUES`` at most. Runs in flight together (a GPU lane's items,
+threads) each touch only what still holds the values they left.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import types
 from collections import deque
@@ -45,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from vedart.offload.arguments import CONTAINER_DEPTH, HOST_CLASS
+from vedart.offload.arguments import CONTAINER_DEPTH
 
 STATE_DEPTH = 3  # self.layers[0].coef: the object, its list, the list's object
 STATE_VALUES = 256  # values looked at per call, at most (a big list is not walked through)
@@ -112,11 +113,14 @@ class _Watched:
     key, the value it left, ``_ABSENT`` where it removed one; of a list, the items it left;
     None when nothing)."""
 
-    __slots__ = ("value", "items", "before", "left", "undo")
+    __slots__ = ("value", "items", "given", "before", "left", "undo")
 
-    def __init__(self, value: Any, items: dict[Any, Any] | list[Any]) -> None:
+    def __init__(self, value: Any, items: dict[Any, Any] | list[Any], given: bool) -> None:
+        """``given``: the call was given it (it is among the arguments, or in their lists,
+        dicts and tuples), rather than held by an object's attributes."""
         self.value = value
         self.items = items
+        self.given = given
         self.before: dict[Any, Any] | list[Any] = \
             dict(items) if isinstance(items, dict) else list(items)
         self.left: dict[Any, Any] | list[Any] | None = None
@@ -212,6 +216,8 @@ class _Watched:
                     else:
                         caller[where] = held
             return
+        if not self.given:
+            return
         left, items, before = self.left, self.items, self.before
         if isinstance(before, list):
             assert isinstance(items, list)
@@ -241,7 +247,7 @@ class ArgumentState:
     :meth:`bind` after a success, or :meth:`restore` after a failure. False when there is
     nothing to watch."""
 
-    __slots__ = ("_watched", "_launched", "_leaf_type", "_inside")
+    __slots__ = ("_watched", "_launched", "_leaf_type")
 
     def __init__(self, values: Sequence[Any], leaf_type: type = type(None)) -> None:
         """``values``: what the run is given (its arguments, their device copies among them,
@@ -250,15 +256,13 @@ class ArgumentState:
         self._watched: list[_Watched] = []
         self._launched = False
         self._leaf_type = leaf_type
-        self._inside: list[tuple[Any, Any, Any]] = []  # found by held(): see _found_inside
         level = _opened(values, leaf_type)
         if not level:  # arrays and numbers only: the commonest call
             return
         seen: set[int] = set()
+        objects: deque[tuple[_Watched, int]] = deque()
         # What the call was given: the arguments, and what their lists, dicts and tuples
-        # hold as deep as the upload looks (which walked them already): all watched. What
-        # the objects among them hold through attributes is looked at after a success
-        # (:meth:`held`), so a call pays nothing for it before.
+        # hold as deep as the upload looks (which walked them already): all watched.
         depth = CONTAINER_DEPTH
         while level:
             inner: list[Any] = []
@@ -268,20 +272,45 @@ class ArgumentState:
                     inner += value
                     continue
                 container = issubclass(kind, (list, dict))
-                watched = self._watch(value, value if container else _attributes(value),
+                watched = self._watch(value, value if container else _attributes(value), True,
                                       seen)
-                if watched is not None and container and depth:
+                if watched is None:
+                    continue
+                if not container:
+                    objects.append((watched, STATE_DEPTH))
+                elif depth:
                     inner += watched.before.values() if isinstance(watched.before, dict) \
                         else watched.before
             level = _opened(inner, leaf_type) if depth else []
             depth -= 1
+        # What those objects hold through their attributes, nearest first: each value looked
+        # at and each item of what is watched counts towards STATE_VALUES.
+        budget = STATE_VALUES
+        while objects and budget > 0:
+            holder, depth = objects.popleft()
+            before = holder.before
+            taken = list(itertools.islice(
+                before.values() if isinstance(before, dict) else before, budget))
+            budget -= len(taken)
+            for value in _opened(taken, leaf_type):
+                if issubclass(type(value), tuple):
+                    continue  # (a tuple an object holds is a value, not its state)
+                container = issubclass(type(value), (list, dict))
+                items = value if container else _attributes(value)
+                if items is None or len(items) > budget:
+                    continue  # watching costs a copy and a comparison on every call
+                watched = self._watch(value, items, False, seen)
+                if watched is not None:
+                    budget -= len(items)
+                    if depth > 1:
+                        objects.append((watched, depth - 1))
 
-    def _watch(self, value: Any, items: Any, seen: set[int]) -> _Watched | None:
+    def _watch(self, value: Any, items: Any, given: bool, seen: set[int]) -> _Watched | None:
         if items is None or id(items) in seen:
             return None
         seen.add(id(items))
         try:
-            watched = _Watched(value, items)
+            watched = _Watched(value, items, given)
         except Exception:  # a container subclass that refuses to be read: not watched
             return None
         self._watched.append(watched)
@@ -333,61 +362,15 @@ class ArgumentState:
         self._launched = True
 
     def held(self, twins: dict[int, Any]) -> list[tuple[int, Any, Any]]:
-        """(index, key or position, value) of each item the run bound that still holds the
-        value it left, and is neither a copy of the caller's (``twins``: :meth:`twins`) nor
-        watched itself (the caller's, converted in place), and of each device value the
-        objects the call was given hold through their attributes (:meth:`_inside`; negative
-        indices): the values to convert. After a success only."""
+        """(watched index, key or position, value) of each item the run bound that still
+        holds the value it left, and is neither a copy of the caller's (``twins``:
+        :meth:`twins`) nor watched itself (the caller's, converted in place): the values to
+        convert."""
         own = {id(watched.value) for watched in self._watched}
-        entries = [(index, key, value) for index, watched in enumerate(self._watched)
-                   for key, value in watched.bound()
-                   if id(value) not in twins and id(value) not in own and
-                   (twins.get(id(watched.value)) is not None or watched.holds(key, value))]
-        self._inside = self._found_inside(own)
-        entries += [(-1 - position, key, value)
-                    for position, (_, key, value) in enumerate(self._inside)
-                    if id(value) not in twins]
-        return entries
-
-    def _found_inside(self, own: set[int]) -> list[tuple[Any, Any, Any]]:
-        """(dict or list, key or position, value) of each device array, tuple holding one, and
-        object of a device class (made in the call) that the objects the call was given hold
-        through attributes they kept (``self.child.coef``, ``self.log[-1]``), ``STATE_DEPTH``
-        levels deep, nearest first, ``STATE_VALUES`` values looked at, at most."""
-        leaf_type, found = self._leaf_type, []
-        queue: deque[tuple[Any, int]] = deque()
-        for watched in self._watched:
-            if watched.value is watched.items:
-                continue  # a list or dict: what it holds is watched itself
-            bound = watched.left if isinstance(watched.left, dict) else {}
-            kept = [value for key, value in list(watched.items.items()) if key not in bound]
-            queue.extend((value, 1) for value in _opened(kept, leaf_type))
-        seen, budget = set(own), STATE_VALUES
-        while queue and budget > 0:
-            value, level = queue.popleft()
-            if id(value) in seen or issubclass(type(value), tuple):
-                continue
-            seen.add(id(value))
-            items = value if isinstance(value, (list, dict)) else _attributes(value)
-            if items is None:
-                continue
-            is_dict = isinstance(items, dict)
-            kinds = set(map(type, items.values() if is_dict else items))
-            budget -= len(items)
-            if leaf_type not in kinds and kinds <= _PLAIN_TYPES:
-                continue  # (arrays and numbers, say)
-            pairs = list(items.items()) if is_dict else list(enumerate(items))
-            for key, item in pairs:
-                item_kind = type(item)
-                if item_kind in _PLAIN_TYPES:
-                    continue
-                if item_kind is leaf_type or HOST_CLASS in vars(item_kind) or (
-                        issubclass(item_kind, tuple) and any(type(inner) is leaf_type
-                                                             for inner in item)):
-                    found.append((items, key, item))
-                elif level < STATE_DEPTH and not issubclass(item_kind, _NOT_STATE):
-                    queue.append((item, level + 1))
-        return found
+        return [(index, key, value) for index, watched in enumerate(self._watched)
+                for key, value in watched.bound()
+                if id(value) not in twins and id(value) not in own and
+                (twins.get(id(watched.value)) is not None or watched.holds(key, value))]
 
     def bind(self, held: Sequence[tuple[int, Any, Any]], values: Sequence[Any],
              twins: dict[int, Any]) -> None:
@@ -412,16 +395,6 @@ class ArgumentState:
                 new = host(key, value)
                 if new is not value:
                     watched.rebind(key, value, new)
-        for position, (items, key, value) in enumerate(self._inside):
-            new = converted.get((-1 - position, key), twins.get(id(value), value))
-            if new is value:
-                continue
-            if isinstance(items, list):
-                key = _position(items, value)
-                if key >= 0:
-                    items[key] = new
-            elif items.get(key, _ABSENT) is value:
-                items[key] = new
 
     def restore(self) -> None:
         """Put back each attribute or item the run bound or removed in what the call was
