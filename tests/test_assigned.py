@@ -136,6 +136,8 @@ def test_objects_lists_and_dicts_are_watched_through_containers_and_attributes()
     model, inner, namespace = Model(), Model(), types.SimpleNamespace(a=1)
     model.child = types.SimpleNamespace(coef=None)
     model.layers = [inner]
+    in_tuple = types.SimpleNamespace(coef=None)
+    model.buffers = ([], in_tuple)
     log: list[Any] = []
     state = watching(model, {"name": namespace}, (log,), model)
     model.added = Device(2)  # the object counted once
@@ -143,11 +145,13 @@ def test_objects_lists_and_dicts_are_watched_through_containers_and_attributes()
     inner.coef = Device(4)  # an object in a list it holds
     namespace.a = Device(5)  # an object in a dict argument
     log.append(Device(6))  # a list in a tuple argument
-    model.history.append(Device(7)) if hasattr(model, "history") else None
+    model.buffers[0].append(Device(7))  # a list in a tuple it holds
+    in_tuple.coef = Device(8)  # an object in a tuple it holds
     state.launched()
-    assert len(state.held({})) == 5
+    assert len(state.held({})) == 7
     after_success(state)
     assert (model.added, model.child.coef, inner.coef, namespace.a, log) == (2, 3, 4, 5, [6])
+    assert model.buffers == ([7], in_tuple) and in_tuple.coef == 8
     assert model.layers[0] is inner and type(model.coef) is np.ndarray
 
 

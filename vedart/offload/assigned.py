@@ -28,10 +28,11 @@ the caller's. vedart leaves what the CPU path leaves:
 What arrays hold is neither undone nor copied back (in-place writes: see ``writes=``).
 Watched are the objects (their ``__dict__``, not ``__slots__``), lists and dicts the call
 was given, as deep in its lists, dicts and tuples as the upload looks for arrays (all of
-them: the upload walks them anyway), and what those objects hold through their attributes,
-``STATE_DEPTH`` levels deep, nearest first, while the values looked at and the items of what
-is watched number ``STATE_VALUES`` at most. Runs in flight together (a GPU lane's items,
-threads) each touch only what still holds the values they left.
+them: the upload walks them anyway), and what those objects hold through attributes, items
+and tuples, ``STATE_DEPTH`` steps below them, nearest first, while the values looked at and
+the items of what is watched number ``STATE_VALUES`` at most. Runs in flight together (a GPU
+lane's items, threads) each touch only what still holds the values they left (docs/offload.md
+names the cases this leaves).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import numpy as np
 
 from vedart.offload.arguments import CONTAINER_DEPTH
 
-STATE_DEPTH = 3  # self.layers[0].coef: the object, its list, the list's object
+STATE_DEPTH = 3  # self.a.b.c.coef: three watched below the object (self.layers[0] two)
 STATE_VALUES = 256  # values looked at per call, at most (a big list is not walked through)
 
 # Values that are not such state: values, code and namespaces (their attributes are not the
@@ -90,7 +91,10 @@ _PLAIN_TYPES = frozenset({int, float, complex, bool, str, bytes, type(None), np.
 
 def _opened(values: Sequence[Any], leaf_type: type) -> list[Any]:
     """Those of ``values`` that may be state (by type: a proxy's ``__class__`` may raise)."""
-    kinds = set(map(type, values))
+    try:
+        kinds = set(map(type, values))
+    except TypeError:  # a metaclass whose classes are unhashable: look at each
+        kinds = {object}
     kinds.discard(leaf_type)
     if kinds <= _PLAIN_TYPES:
         return []
@@ -292,13 +296,20 @@ class ArgumentState:
             taken = list(itertools.islice(
                 before.values() if isinstance(before, dict) else before, budget))
             budget -= len(taken)
-            for value in _opened(taken, leaf_type):
-                if issubclass(type(value), tuple):
-                    continue  # (a tuple an object holds is a value, not its state)
+            values = _opened(taken, leaf_type)
+            for value in values:
+                if issubclass(type(value), tuple):  # what it holds is the object's state
+                    inner = list(itertools.islice(tuple.__iter__(value), max(budget, 0)))
+                    budget -= len(inner)
+                    values += _opened(inner, leaf_type)
+                    continue
                 container = issubclass(type(value), (list, dict))
                 items = value if container else _attributes(value)
-                if items is None or len(items) > budget:
-                    continue  # watching costs a copy and a comparison on every call
+                try:
+                    if items is None or len(items) > budget:
+                        continue  # watching costs a copy and a comparison on every call
+                except Exception:  # a container whose length raises: not watched
+                    continue
                 watched = self._watch(value, items, False, seen)
                 if watched is not None:
                     budget -= len(items)
