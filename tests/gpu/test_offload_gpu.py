@@ -508,6 +508,29 @@ def test_attributes_a_method_assigns_to_self_hold_numpy_values_as_on_the_cpu() -
     assert_same(model.coef, on_cpu.coef, rtol=1e-8)
 
 
+class SlottedScaler:
+    """A class with ``__slots__`` (as ``attrs.define`` makes): no ``__dict__`` to watch."""
+
+    __slots__ = ("scale",)
+
+    def __init__(self) -> None:
+        self.scale: Any = None
+
+    @veda.gpu(force="gpu")
+    def fit(self, x: np.ndarray) -> SlottedScaler:
+        self.scale = x.std(axis=0)
+        return self
+
+
+def test_a_method_of_a_class_with_slots_leaves_numpy_values_on_self() -> None:
+    x = np.random.default_rng().random((1000, 8))
+    scaler = SlottedScaler()
+    assert scaler.fit(x) is scaler
+    assert last(SlottedScaler.fit)[0] == "gpu"
+    assert type(scaler.scale) is np.ndarray
+    np.testing.assert_allclose(scaler.scale, x.std(axis=0), rtol=1e-10)
+
+
 @dataclasses.dataclass
 class Scaler:
     """A dataclass estimator: ``fit`` returns the caller's object itself, as on the CPU."""

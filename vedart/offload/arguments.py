@@ -102,18 +102,27 @@ def _attributes(value: Any) -> dict[str, Any]:
     """The attributes an object holds: its ``__dict__`` and the slots its classes declare that
     are set (``__slots__ = ("coef",)`` leaves an object no ``__dict__``)."""
     found = dict(getattr(value, "__dict__", {}))
-    for klass in type(value).__mro__:
+    for name in slot_names(type(value)):
+        try:
+            found[name] = getattr(value, name)
+        except AttributeError:  # a slot never set
+            pass
+    return found
+
+
+def slot_names(kind: type) -> list[str]:
+    """The attribute names of the slots ``kind`` and its bases declare (private ones as
+    stored, mangled)."""
+    names = []
+    for klass in kind.__mro__:
         slots = vars(klass).get("__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:
             if name in ("__dict__", "__weakref__"):
                 continue
             if name.startswith("__") and not name.endswith("__"):  # stored mangled
                 name = f"_{klass.__name__.lstrip('_')}{name}"
-            try:
-                found[name] = getattr(value, name)
-            except AttributeError:  # a slot never set
-                pass
-    return found
+            names.append(name)
+    return names
 
 
 def to_host_class(record: Any) -> Any:

@@ -26,8 +26,8 @@ the caller's. vedart leaves what the CPU path leaves:
   object's internals while the run goes on.
 
 What arrays hold is neither undone nor copied back (in-place writes: see ``writes=``).
-Watched are the objects (their ``__dict__``, not ``__slots__``), lists and dicts the call
-was given, as deep in its lists, dicts and tuples as the upload looks for arrays (all of
+Watched are the objects (their ``__dict__``, or the slots of one without a ``__dict__``),
+lists and dicts the call was given, as deep in its lists, dicts and tuples as the upload looks for arrays (all of
 them: the upload walks them anyway), and what those objects hold through attributes, items
 and tuples, ``STATE_DEPTH`` steps below them, nearest first, while the values looked at and
 the items of what is watched number ``STATE_VALUES`` at most. Runs in flight together (a GPU
@@ -42,12 +42,12 @@ import itertools
 import operator
 import types
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from vedart.offload.arguments import CONTAINER_DEPTH
+from vedart.offload.arguments import CONTAINER_DEPTH, slot_names
 
 STATE_DEPTH = 3  # self.a.b.c.coef: three watched below the object (self.layers[0] two)
 STATE_VALUES = 256  # values looked at per call, at most (a big list is not walked through)
@@ -60,12 +60,48 @@ _NOT_STATE = (np.ndarray, np.generic, int, float, complex, str, bytes, type(None
 _ABSENT = object()
 
 
-def _attributes(value: Any) -> dict[str, Any] | None:
+def _attributes(value: Any) -> dict[str, Any] | _Slots | None:
+    """An object's ``__dict__``, or its slots when it has none, or None."""
     try:
         attributes = vars(value)
-    except Exception:  # no __dict__, or a proxy whose lookups raise: not watched
+    except TypeError:  # no __dict__
+        names = slot_names(type(value))
+        return _Slots(value, names) if names else None
+    except Exception:  # a proxy whose lookups raise: not watched
         return None
     return attributes if type(attributes) is dict else None
+
+
+class _Slots(MutableMapping[str, Any]):
+    """The slots set on an object without a ``__dict__`` (``__slots__``, ``attrs.define``),
+    read and written as a dict is, past the class's own ``__setattr__`` as its ``__dict__``
+    would be."""
+
+    __slots__ = ("_value", "_names")
+
+    def __init__(self, value: Any, names: list[str]) -> None:
+        self._value = value
+        self._names = names
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._names:
+            raise KeyError(name)
+        try:
+            return object.__getattribute__(self._value, name)
+        except AttributeError:  # a slot never set
+            raise KeyError(name) from None
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        object.__setattr__(self._value, name, value)
+
+    def __delitem__(self, name: str) -> None:
+        object.__delattr__(self._value, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self._names if name in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def bound_arguments(func: Any) -> tuple[Any, ...]:
@@ -126,7 +162,7 @@ class _Watched:
         self.items = items
         self.given = given
         self.before: dict[Any, Any] | list[Any] = \
-            dict(items) if isinstance(items, dict) else list(items)
+            list(items) if isinstance(items, list) else dict(items)
         self.left: dict[Any, Any] | list[Any] | None = None
         # What bind changed in the caller's container a copy stands for, to put back after a
         # failure: (container, key or slice, what it held there, what bind put there).
@@ -234,7 +270,7 @@ class _Watched:
                     if position >= 0:
                         del items[position]
             return
-        assert isinstance(left, dict) and isinstance(items, dict)
+        assert isinstance(left, dict) and not isinstance(items, list)
         for name, value in left.items():
             if items.get(name, _ABSENT) is not value:
                 continue
@@ -317,9 +353,9 @@ class ArgumentState:
                         objects.append((watched, depth - 1))
 
     def _watch(self, value: Any, items: Any, given: bool, seen: set[int]) -> _Watched | None:
-        if items is None or id(items) in seen:
+        if items is None or id(value) in seen:
             return None
-        seen.add(id(items))
+        seen.add(id(value))
         try:
             watched = _Watched(value, items, given)
         except Exception:  # a container subclass that refuses to be read: not watched
