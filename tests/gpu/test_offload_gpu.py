@@ -522,15 +522,6 @@ class SlottedScaler:
         return self
 
 
-def test_a_method_of_a_class_with_slots_leaves_numpy_values_on_self() -> None:
-    x = np.random.default_rng().random((1000, 8))
-    scaler = SlottedScaler()
-    assert scaler.fit(x) is scaler
-    assert last(SlottedScaler.fit)[0] == "gpu"
-    assert type(scaler.scale) is np.ndarray
-    np.testing.assert_allclose(scaler.scale, x.std(axis=0), rtol=1e-10)
-
-
 @dataclasses.dataclass
 class Scaler:
     """A dataclass estimator: ``fit`` returns the caller's object itself, as on the CPU."""
@@ -543,11 +534,13 @@ class Scaler:
         return self
 
 
-def test_a_dataclass_method_returning_self_returns_the_callers_object() -> None:
+@pytest.mark.parametrize("estimator", [Scaler, SlottedScaler])
+def test_a_method_returning_self_returns_the_callers_object_holding_numpy_values(
+        estimator: type[Scaler] | type[SlottedScaler]) -> None:
     x = np.random.default_rng().random((1000, 8))
-    scaler = Scaler()
+    scaler = estimator()
     assert scaler.fit(x) is scaler
-    assert last(Scaler.fit)[0] == "gpu"
+    assert last(estimator.fit)[0] == "gpu"
     assert type(scaler.scale) is np.ndarray
     np.testing.assert_allclose(scaler.scale, x.std(axis=0), rtol=1e-10)
 
