@@ -10,9 +10,10 @@ the caller's own objects and containers device arrays (``self.coef = np.linalg.s
 the caller's. vedart leaves what the CPU path leaves:
 
 - after a GPU run succeeds, each attribute or item it bound that still holds what it left is
-  converted together with the result, as results are
+  converted as results are, just before the result
   (:func:`~vedart.offload.results.results_to_host`: the same types, one host array for one
-  device array however many places hold it, objects made in the call given their class back);
+  device array however many of these hold it, objects made in the call given their class
+  back; the result shares the host arrays of those bound directly);
   the caller's own values stay themselves: a device copy of the caller's array stands for it
   (``self.x_ = x`` keeps the caller's ``x``), and a watched object or container bound
   elsewhere is that same one; each copied dict gives the caller's the keys the run bound or
