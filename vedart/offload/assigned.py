@@ -28,12 +28,12 @@ the caller's. vedart leaves what the CPU path leaves:
 
 What arrays hold is neither undone nor copied back (in-place writes: see ``writes=``).
 Watched are the objects (their ``__dict__``, or the slots of one without a ``__dict__``),
-lists and dicts the call was given, as deep in its lists, dicts and tuples as the upload looks for arrays (all of
-them: the upload walks them anyway), and what those objects hold through attributes, items
-and tuples, ``STATE_DEPTH`` steps below them, nearest first, while the values looked at and
-the items of what is watched number ``STATE_VALUES`` at most. Runs in flight together (a GPU
-lane's items, threads) each touch only what still holds the values they left (docs/offload.md
-names the cases this leaves).
+lists and dicts the call was given, as deep in its lists, dicts and tuples as the upload
+looks for arrays (all of them: the upload walks them anyway), and what those objects hold
+through attributes, items and tuples, ``STATE_DEPTH`` steps below them, nearest first,
+while the values looked at and the items of what is watched number ``STATE_VALUES`` at most.
+Runs in flight together (a GPU lane's items, threads) each touch only what still holds the
+values they left (docs/offload.md names the cases this leaves).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from vedart.offload.arguments import CONTAINER_DEPTH, slot_names
+from vedart.offload.arguments import CONTAINER_DEPTH, PLAIN_TYPES, slot_names
 
 STATE_DEPTH = 3  # self.a.b.c.coef: three watched below the object (self.layers[0] two)
 STATE_VALUES = 256  # values looked at per call, at most (a big list is not walked through)
@@ -122,8 +122,7 @@ def bound_arguments(func: Any) -> tuple[Any, ...]:
 
 
 # Types that never hold state, checked for a whole list at once (a list of numbers is common).
-_PLAIN_TYPES = frozenset({int, float, complex, bool, str, bytes, type(None), np.ndarray,
-                          np.float64, np.float32, np.int64, np.int32, np.bool_})
+_PLAIN_TYPES = PLAIN_TYPES | {np.ndarray, np.float64, np.float32, np.int64, np.int32, np.bool_}
 
 
 def _opened(values: Sequence[Any], leaf_type: type) -> list[Any]:
@@ -195,20 +194,19 @@ class _Watched:
                     if id(item) not in kept]
         return [(key, value) for key, value in left.items() if value is not _ABSENT]
 
-    def rebind(self, key: Any, value: Any, new: Any) -> bool:
+    def rebind(self, key: Any, value: Any, new: Any) -> None:
         """Bind ``new`` where ``value`` is (a list: wherever it now is) if it still is."""
         items = self.items
         if isinstance(items, list):
             position = _position(items, value)
             if position < 0:
-                return False
+                return
             items[position] = new
         elif items.get(key, _ABSENT) is value:
             items[key] = new
         else:
-            return False
+            return
         self.left[key] = new  # type: ignore[index]  # what restore takes for the run's
-        return True
 
     def holds(self, key: Any, value: Any) -> bool:
         items = self.items
@@ -233,7 +231,7 @@ class _Watched:
         assert isinstance(left, list) and isinstance(caller, list)
         start = len(before)
         if len(left) >= start and all(map(operator.is_, left[:start], before)):
-            added = [host(position, item) for position, item in enumerate(left)][start:]
+            added = [host(position, item) for position, item in enumerate(left[start:], start)]
             where = slice(len(caller), len(caller) + len(added))
             caller.extend(added)  # appends only: onto the caller's, as another run's may be
             self.undo.append((caller, where, [], added))
