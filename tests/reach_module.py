@@ -77,6 +77,21 @@ def fit_a_model(x: Any) -> Model:
     return model
 
 
+def makes_functions(n: int) -> Any:
+    """What a call can hand back that runs code later: a closure with a default, a recursive
+    closure, a lambda, a reached helper, a reached class and a method of an object made in
+    the call."""
+    offset = np.zeros(n) + 1.0
+
+    def shifted(x: Any, extra: Any = offset) -> Any:
+        return x + offset + extra + np.zeros(n)
+
+    def countdown(k: int) -> int:
+        return 0 if k == 0 else countdown(k - 1) + 1
+
+    return shifted, countdown, lambda: np.zeros(n), bottom, Model, Model(2.0).fit
+
+
 def uses_class_helpers(n: int) -> Any:
     return Model.blank(n)
 

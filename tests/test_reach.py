@@ -87,6 +87,26 @@ def test_objects_made_in_the_call_run_device_methods_and_come_back_as_their_clas
     assert reaching(rm.is_model)[0](rm.Model())  # made outside the call: a Model all the same
 
 
+def test_functions_and_classes_the_call_returns_compute_with_numpy_after_it() -> None:
+    made = reaching(rm.makes_functions)[0](3)
+    assert routed() == 1
+    x = np.random.default_rng().random(3)
+    assert made[0](x).shape == (3,) and routed() == 2  # in the call's namespace: the "device"
+    back, _ = results_to_host(made, NoDeviceArray)
+    shifted, countdown, make, helper, model_class, fit = back
+    recording_numpy.calls.clear()
+    np.testing.assert_array_equal(shifted(x), x + 2.0)
+    assert shifted.__globals__ is vars(rm) and shifted.__qualname__.endswith("<locals>.shifted")
+    assert countdown(4) == 4 and make().shape == (3,)
+    assert helper is rm.bottom and model_class is rm.Model  # what the module binds
+    assert fit.__func__ is rm.Model.fit and type(fit.__self__) is rm.Model
+    assert type(fit(x[None, :])) is rm.Model and fit.__self__.offset.shape == (3,)
+    assert routed() == 0  # nothing ran with the device namespace after the call
+    shifted = reaching(rm.makes_functions)[0](3)[0]
+    doubled = map_arrays(shifted, np.ndarray, lambda array: array * 2, 8, records=True)
+    np.testing.assert_array_equal(doubled(np.zeros(3)), np.full(3, 4.0))  # closure, default
+
+
 def test_objects_of_a_class_with_slots_come_back_as_their_class() -> None:
     made = reaching(rm.make_slotted)[0](3)
     assert type(made) is not rm.Slotted and routed() == 2

@@ -210,6 +210,48 @@ def test_device_arrays_left_inside_other_objects_are_named() -> None:
         "result['model'].coef", "result['deep']" + "[0]" * 9]
 
 
+def test_what_a_result_and_the_values_a_call_bound_share_comes_back_once() -> None:
+    coef, weights = device(rng().random(4)), device(rng(2).random(6))
+    history = [coef, Fit(weights, [coef])]
+    memo: dict[int, Any] = {}
+    (bound, tail), moved = results_to_host((history, weights[2:]), FakeDeviceArray, memo=memo)
+    assert bound[1].history[0] is bound[0] and moved == (4 + 6) * 8
+    assert np.shares_memory(tail, bound[1].weights)  # as on the device
+    result, moved = results_to_host({"h": history, "again": history, "coef": coef,
+                                     "tail": weights[3:]}, FakeDeviceArray, memo=memo)
+    assert result["h"] is bound and result["again"] is bound and result["coef"] is bound[0]
+    assert np.shares_memory(result["tail"], bound[1].weights) and moved == 0
+    np.testing.assert_array_equal(result["tail"], np.asarray(weights[3:]))
+    alone, moved = results_to_host(coef, FakeDeviceArray, memo=memo)
+    assert alone is bound[0] and moved == 0
+
+
+def closes_over(weights: Any) -> Any:
+    def weighted(x: Any) -> Any:
+        return x * weights
+
+    return weights, weighted, lambda x, w=weights: x + w
+
+
+def test_device_arrays_held_by_functions_the_call_made_are_the_results_host_arrays() -> None:
+    weights = rng().random(3)
+    result = device_clone(closes_over, IDENTITY)(device(weights))
+    (host, weighted, added), moved = results_to_host(result, FakeDeviceArray)
+    assert type(host) is np.ndarray and moved == weights.nbytes  # one copy, shared
+    assert weighted.__closure__[0].cell_contents is host and added.__defaults__ == (host,)
+    assert weighted.__globals__ is globals() and added.__globals__ is globals()
+    np.testing.assert_array_equal(weighted(2.0), 2.0 * weights)
+    np.testing.assert_array_equal(added(1.0), 1.0 + weights)
+    held = original = [device(np.ones(2))]  # the decorated function's caller's: left alone
+
+    def reads_the_callers(scale: Any) -> Any:
+        return lambda: (held, scale)
+
+    got_held, got_scale = results_to_host(device_clone(reads_the_callers, IDENTITY)(
+        device(weights)), FakeDeviceArray)[0]()
+    assert got_held is original and held is original and type(got_scale) is np.ndarray
+
+
 def test_to_host_is_public() -> None:
     value = (np.ones(2), 3)
     assert veda.to_host(value) is value

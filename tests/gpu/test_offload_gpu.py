@@ -640,6 +640,31 @@ def test_objects_and_lists_inside_arguments_hold_numpy_values_after_a_gpu_run() 
     assert state["steps"] == 1 and len(log) == 1 and type(log[0]) is np.ndarray
 
 
+class Trainer:
+    """Binds what it also returns, as fitting code does."""
+
+    def __init__(self) -> None:
+        self.losses_: list[Any] = []
+
+    @veda.gpu(force="gpu")
+    def fit(self, x: np.ndarray) -> tuple[list[Any], Any]:
+        losses = [x.sum(axis=0), x.max(axis=0)]
+        self.losses_ = losses
+        self.best_ = losses[1]
+        return losses, self.best_[2:]
+
+
+def test_what_a_gpu_run_binds_and_returns_is_one_object_as_on_the_cpu() -> None:
+    x = np.random.default_rng().random((1000, 8))
+    trainer = Trainer()
+    losses, tail = trainer.fit(x)
+    assert last(Trainer.fit)[0] == "gpu"
+    assert losses is trainer.losses_ and trainer.best_ is losses[1]
+    assert type(losses[0]) is np.ndarray and np.shares_memory(tail, trainer.best_)
+    np.testing.assert_allclose(losses[0], x.sum(axis=0), rtol=1e-10)
+    np.testing.assert_array_equal(tail, x.max(axis=0)[2:])
+
+
 def test_returns_device_keeps_cupy_arrays_and_to_host_converts() -> None:
     import cupy
 

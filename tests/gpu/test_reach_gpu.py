@@ -24,6 +24,12 @@ def fitted(x: Any, y: Any, w: Any) -> est.WeightedLeastSquares:
     return est.WeightedLeastSquares().fit(x, y, w)
 
 
+def predictors(x: Any, y: Any, w: Any) -> Any:
+    model = est.WeightedLeastSquares().fit(x, y, w)
+    centre = x.mean(axis=0)
+    return model.predict, lambda x_new: np.tanh(x_new - centre) @ model.coef
+
+
 def transform(x: Any) -> Any:
     return workloads.correlation(x)
 
@@ -55,6 +61,17 @@ def test_an_object_returned_keeps_its_class_and_holds_numpy_arrays(
     assert type(model) is est.WeightedLeastSquares
     assert type(model.coef) is np.ndarray
     np.testing.assert_allclose(model.coef, fitted(*data[:3]).coef, rtol=1e-8)
+
+
+def test_functions_the_call_returns_compute_with_numpy_after_it(data: tuple[Any, ...]) -> None:
+    predict, squashed = veda.gpu(force="gpu")(predictors)(*data[:3])
+    assert veda.get_runtime().telemetry.recent()[-1].path == "gpu"
+    assert predict.__func__ is est.WeightedLeastSquares.predict
+    want_predict, want_squashed = predictors(*data[:3])
+    for got, want in ((predict, want_predict), (squashed, want_squashed)):
+        on_host = got(data[3])  # NumPy input, after the call: NumPy's answer
+        assert type(on_host) is np.ndarray
+        np.testing.assert_allclose(on_host, want(data[3]), rtol=1e-8)
 
 
 @pytest.mark.parametrize("strength", [0.0, 2.5])

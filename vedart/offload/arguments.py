@@ -125,6 +125,16 @@ def slot_names(kind: type) -> list[str]:
     return names
 
 
+class DeviceGlobals(dict):  # type: ignore[type-arg]
+    """The globals of a function that runs with the device namespace (a clone
+    :mod:`vedart.offload.substitute` makes, and every function its code defines, which gets
+    the same globals). ``host_globals``: the function's module's own globals; ``origin``: the
+    host function cloned. A subclass sets both."""
+
+    host_globals: dict[str, Any]
+    origin: types.FunctionType | None
+
+
 def to_host_class(record: Any) -> Any:
     """``record``, an object of a device class given back its host class (in place); an
     object of a class derived from a device class in the call keeps its class."""
@@ -134,60 +144,144 @@ def to_host_class(record: Any) -> Any:
     return record
 
 
+# map_arrays' memo: id(value) -> (value, what it became, the depth it was walked from).
+Memo = dict[int, tuple[Any, Any, int]]
+
+
 def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
-               depth: int, *, records: bool = False, host_classes: bool = True) -> Any:
+               depth: int, *, records: bool = False, host_classes: bool = True,
+               memo: Memo | None = None) -> Any:
     """``value`` with every ``array_type`` instance replaced by ``convert(instance)``, opening at
     most ``depth`` levels of lists, tuples, namedtuples and dicts (and, with ``records``,
     dataclass objects, SimpleNamespaces and objects of device classes, rebuilt as a shallow
     copy with the converted fields set, an object of a device class given its host class
-    unless ``host_classes`` is False); other values are kept as they are (containers without
-    arrays are returned as the same object)."""
+    unless ``host_classes`` is False, as is a device class itself, and functions and methods
+    as :func:`_host_code` says); other values are kept as they are (containers without arrays
+    are returned as the same object). With a ``memo`` (a dict, empty at first, that may be
+    passed to several calls while the values they walk stay alive) a container, record or
+    function met again becomes what it became before, as long as it was walked as deep: two
+    places holding one list hold one converted list, as they did one list."""
     if isinstance(value, array_type):
         return convert(value)
     if depth <= 0:
         return value
+    if memo is not None:
+        known = memo.get(id(value))
+        if known is not None and known[0] is value and known[2] >= depth:
+            return known[1]
     if records and is_record(value):
         fields = record_fields(value)
         converted_fields = {name: map_arrays(item, array_type, convert, depth - 1,
-                                             records=True, host_classes=host_classes)
+                                             records=True, host_classes=host_classes,
+                                             memo=memo)
                             for name, item in fields.items()}
         rebuilt = value
         if not all(map(operator.is_, converted_fields.values(), fields.values())):
             rebuilt = copy.copy(value)
             for name, item in converted_fields.items():
                 object.__setattr__(rebuilt, name, item)  # a frozen dataclass too
-        return to_host_class(rebuilt) if host_classes else rebuilt
+        return _remember(memo, value, to_host_class(rebuilt) if host_classes else rebuilt,
+                         depth)
     if not isinstance(value, _CONTAINERS) or not value:
+        if records and type(value) in _CODE_TYPES:
+            return _remember(memo, value, _host_code(value, array_type, convert, depth,
+                                                     host_classes, memo), depth)
+        if records and host_classes and isinstance(value, type):
+            return vars(value).get(HOST_CLASS, value)  # a device class: its host class
         return value
     if type(value) is dict or isinstance(value, dict):
         items = {key: map_arrays(item, array_type, convert, depth - 1, records=records,
-                                 host_classes=host_classes)
+                                 host_classes=host_classes, memo=memo)
                  for key, item in value.items()}
         if all(map(operator.is_, items.values(), value.values())):
             return value
         if type(value) is dict:
-            return items
+            return _remember(memo, value, items, depth)
         # A subclass may not take its items as its one argument (a defaultdict takes its
         # factory): a shallow copy keeps what it carries, then gets the converted items.
         rebuilt = copy.copy(value)
         rebuilt.update(items)
-        return rebuilt
+        return _remember(memo, value, rebuilt, depth)
     converted = [convert(item) if isinstance(item, array_type) else
                  map_arrays(item, array_type, convert, depth - 1, records=records,
-                            host_classes=host_classes)
+                            host_classes=host_classes, memo=memo)
                  if depth > 1 and (isinstance(item, _CONTAINERS) or records) else item
                  for item in value]
     if all(map(operator.is_, converted, value)):
         return value
     if isinstance(value, list):
         if type(value) is list:
-            return converted
+            return _remember(memo, value, converted, depth)
         rebuilt = copy.copy(value)
         rebuilt[:] = converted
-        return rebuilt
+        return _remember(memo, value, rebuilt, depth)
     if hasattr(value, "_fields"):  # namedtuple
-        return type(value)(*converted)
-    return tuple(converted) if type(value) is tuple else type(value)(converted)
+        return _remember(memo, value, type(value)(*converted), depth)
+    return _remember(memo, value, tuple(converted) if type(value) is tuple else
+                     type(value)(converted), depth)
+
+
+def _remember(memo: Memo | None, value: Any, became: Any, depth: int) -> Any:
+    """``became``, noted in ``memo`` (when given) as what ``value`` became from ``depth``."""
+    if memo is not None:
+        memo[id(value)] = (value, became, depth)
+    return became
+
+
+_CODE_TYPES = (types.FunctionType, types.MethodType)
+
+
+def _host_code(value: Any, array_type: type, convert: Callable[[Any], Any], depth: int,
+               host_classes: bool, memo: Memo | None) -> Any:
+    """A function or bound method (:func:`map_arrays` with ``records``) as the host has it,
+    when ``host_classes`` (else only walked): a device clone is the host function it clones;
+    a function the device code defined (a lambda, a closure it returns) is the same code
+    over its module's own globals, its defaults and attributes converted, and the values its
+    closure cells hold converted in place (cells the call's frames made: the functions
+    sharing one keep sharing it; the cloned function's own cells, its caller's variables,
+    are left alone); a method is bound to its object converted. Other functions are
+    returned as they are."""
+    def mapped(item: Any) -> Any:
+        return map_arrays(item, array_type, convert, depth - 1, records=True,
+                          host_classes=host_classes, memo=memo)
+
+    if type(value) is types.MethodType:
+        function, owner = mapped(value.__func__), mapped(value.__self__)
+        if function is value.__func__ and owner is value.__self__:
+            return value
+        return types.MethodType(function, owner)
+    device_globals = value.__globals__
+    if not isinstance(device_globals, DeviceGlobals):
+        return value
+    origin = device_globals.origin
+    if origin is not None and value.__code__ is origin.__code__:
+        return origin if host_classes else value
+    defaults = value.__defaults__ and tuple(map(mapped, value.__defaults__))
+    kwdefaults, attributes = mapped(value.__kwdefaults__), mapped(value.__dict__)
+    host = value
+    if host_classes:
+        host = types.FunctionType(value.__code__, device_globals.host_globals, value.__name__,
+                                  defaults, value.__closure__)
+        host.__kwdefaults__ = kwdefaults
+        host.__qualname__ = value.__qualname__
+        host.__module__ = value.__module__
+        host.__doc__ = value.__doc__
+        host.__annotations__ = value.__annotations__
+        host.__dict__.update(attributes)
+        _remember(memo, value, host, depth)  # before its cells: functions calling each other
+    # The cloned function's own cells hold the caller's variables, which every call shares.
+    outer = () if origin is None else origin.__closure__ or ()
+    for cell in value.__closure__ or ():
+        if any(cell is shared for shared in outer):
+            continue
+        try:
+            content = cell.cell_contents
+        except ValueError:  # a variable not bound yet
+            continue
+        converted = host if content is value else mapped(content)  # (a recursive function)
+        if converted is not content:
+            cell.cell_contents = converted
+    return host
 
 
 _SIGNATURE_PARTS: dict[tuple[np.dtype[Any], int], str] = {}  # (dtype, ndim) -> "<f4:2"

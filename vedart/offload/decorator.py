@@ -63,6 +63,7 @@ from vedart.offload.adaptive import (
 from vedart.offload.arguments import (
     CONTAINER_DEPTH,
     ArgumentFacts,
+    Memo,
     iter_arrays,
     keyed,
     map_arrays,
@@ -634,6 +635,7 @@ class _Offload:
                      if type(value) is not np.ndarray}
         held = state.held(twins) if state else []
         values: Sequence[Any] = [value for _, _, value in held]  # returns="device": as they are
+        memo: Memo = {}  # what both the bound values and the result hold is converted once
         if self._returns_host:
             copy = to_host if launch.engine is None else launch.engine.to_host
             writes = {id(device): (device, original) for original, device, _ in write_backs} \
@@ -641,19 +643,16 @@ class _Offload:
             if held:  # first: the result may hold what they hold (return self)
                 values, attribute_bytes = results_to_host(
                     tuple(values), cupy.ndarray, made_arrays=launch.made_arrays, writes=writes,
-                    copy=copy)
+                    copy=copy, memo=memo)
                 bytes_to_host += attribute_bytes
-                # An array the result holds too comes back as the attribute's host array.
-                writes = {**(writes or {}), **{
-                    id(device): (device, host) for (_, _, device), host in zip(held, values)
-                    if type(device) is cupy.ndarray and type(host) is np.ndarray}} or None
         if state:
             state.bind(held, values, twins)
         if self._returns_host:
             if isinstance(result, (list, dict)) and id(result) in twins:
                 result = twins[id(result)]  # a copy returned: the caller's, which has its items
             result, result_bytes = results_to_host(
-                result, cupy.ndarray, made_arrays=launch.made_arrays, writes=writes, copy=copy)
+                result, cupy.ndarray, made_arrays=launch.made_arrays, writes=writes, copy=copy,
+                memo=memo)
             bytes_to_host += result_bytes
             unconverted = [] if isinstance(result, HOST_LEAVES) else \
                 unconverted_paths(result, cupy.ndarray)

@@ -16,8 +16,14 @@
 - Tuples, lists, dicts, namedtuples, dataclass objects and SimpleNamespaces are rebuilt around
   converted items (a shallow copy with converted fields); so are objects of the device classes
   substitution makes of a user's classes, which get their own class back (``type(model) is
-  LinearModel``); every other value is returned unchanged, and :func:`unconverted_paths` names
-  the device arrays left inside it.
+  LinearModel``). A container or object held in two places comes back as one converted
+  copy held in both.
+- Functions and device classes the call hands back compute with NumPy after it: a device
+  clone of a helper, method or class is the helper, method or class itself; a function the
+  call defined (a closure, a lambda) gets its module's globals back, and the values its
+  defaults and closure hold are converted as results are.
+- Every other value is returned unchanged, and :func:`unconverted_paths` names the device
+  arrays left inside it.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from vedart.gpu import transfer
-from vedart.offload.arguments import is_record, map_arrays, record_fields
+from vedart.offload.arguments import Memo, is_record, map_arrays, record_fields
 
 # Results are walked deeper than arguments: functions return nested structures more often.
 RESULT_DEPTH = 8
@@ -97,10 +103,10 @@ def _span(array: Any) -> tuple[int, int]:
     return low, high + array.itemsize
 
 
-def _within(array: Any, writes: Mapping[int, tuple[Any, np.ndarray]]) -> bool:
-    """Whether ``array``'s elements lie in those of one of the ``writes`` device arrays."""
+def _within(array: Any, known: Mapping[int, tuple[Any, np.ndarray]]) -> bool:
+    """Whether ``array``'s elements lie in those of one of the ``known`` device arrays."""
     low, high = _span(array)
-    for device, _ in writes.values():
+    for device, _ in known.values():
         if device.size:
             device_low, device_high = _span(device)
             if device_low <= low and high <= device_high:
@@ -131,20 +137,23 @@ def _as_bytes(host: np.ndarray) -> np.ndarray | None:
 
 
 def _hosts(arrays: Sequence[Any], device_type: type,
-           writes: Mapping[int, tuple[Any, np.ndarray]], copy: Callable[[Any], np.ndarray]
+           known: Mapping[int, tuple[Any, np.ndarray]], copy: Callable[[Any], np.ndarray]
            ) -> tuple[dict[int, np.ndarray], int]:
-    """Host arrays for the distinct device ``arrays`` (by id), and the bytes moved."""
+    """Host arrays for the distinct device ``arrays`` (by id), and the bytes moved. ``known``:
+    ``id(device array) -> (device array, its host array)`` of arrays that have one already
+    (``writes=`` arguments, arrays converted earlier), which those arrays get, and whose views
+    get views of it when both sides are laid out alike."""
     hosts: dict[int, np.ndarray] = {}
-    anchors = []  # writes= arguments whose host and device bytes are laid out alike
-    for device, host in writes.values():
+    anchors = []  # known arrays whose host and device bytes are laid out alike
+    for device, host in known.values():
         host_bytes = _as_bytes(host)
         if host_bytes is not None and host.dtype == device.dtype and \
                 host.strides == device.strides and device.size:
             anchors.append((_span(device), host_bytes))
     pending = []
     for array in arrays:
-        if id(array) in writes:
-            hosts[id(array)] = writes[id(array)][1]
+        if id(array) in known:
+            hosts[id(array)] = known[id(array)][1]
             continue
         if array.size:
             low, high = _span(array)
@@ -183,15 +192,24 @@ def _hosts(arrays: Sequence[Any], device_type: type,
 
 def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any] = (),
                     writes: Mapping[int, tuple[Any, np.ndarray]] | None = None,
-                    copy: Callable[[Any], np.ndarray] = transfer.to_host) -> tuple[Any, int]:
+                    copy: Callable[[Any], np.ndarray] = transfer.to_host,
+                    memo: Memo | None = None) -> tuple[Any, int]:
     """``value`` with every ``device_type`` array converted as the module docstring says, and
     the bytes moved. ``made_arrays``: 0-d device arrays that stay arrays; ``writes``: the
     ``writes=`` arguments, ``id(device array) -> (device array, caller's array)``, whose data
     the caller's arrays receive after this (views of them are made now, filled then);
-    ``copy``: makes the host copy of one device array (a transfer engine's ``to_host``)."""
+    ``copy``: makes the host copy of one device array (a transfer engine's ``to_host``);
+    ``memo``: shared by calls converting values that may hold the same containers and
+    arrays (what a call bound, then its result), so that each comes back once: its
+    containers, records and functions as :func:`~vedart.offload.arguments.map_arrays` says,
+    and its arrays as the host arrays an earlier call made (views of them as views)."""
     writes = writes or {}
-    if type(value) is device_type and id(value) not in writes and not (  # the common case
-            writes and value.size and _within(value, writes)):  # (out[1:]: the anchors below)
+    known = writes
+    if memo:
+        known = {**{key: (device, host) for key, (device, host, _) in memo.items()
+                    if type(device) is device_type}, **writes}
+    if type(value) is device_type and id(value) not in known and not (  # the common case
+            known and value.size and _within(value, known)):  # (out[1:]: the anchors below)
         host = _copy_to_host(value, copy)
         kept = host.ndim == 0 and bool(made_arrays) and any(value is array
                                                              for array in made_arrays)
@@ -201,15 +219,18 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
                RESULT_DEPTH, records=True, host_classes=False)
     if not found:  # a walk still gives objects of device classes their host class back
         return map_arrays(value, device_type, lambda array: array, RESULT_DEPTH,
-                          records=True), 0
-    hosts, moved = _hosts(list(found.values()), device_type, writes, copy)
+                          records=True, memo=memo), 0
+    hosts, moved = _hosts(list(found.values()), device_type, known, copy)
     kept = {id(array) for array in made_arrays} | writes.keys()
+    if memo is not None:
+        for key, array in found.items():
+            memo[key] = (array, hosts[key], RESULT_DEPTH)
 
     def convert(array: Any) -> Any:
         host = hosts[id(array)]
         return host[()] if host.ndim == 0 and id(array) not in kept else host
 
-    return map_arrays(value, device_type, convert, RESULT_DEPTH, records=True), moved
+    return map_arrays(value, device_type, convert, RESULT_DEPTH, records=True, memo=memo), moved
 
 
 def unconverted_paths(value: Any, device_type: type, name: str = "result") -> list[str]:
