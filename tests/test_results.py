@@ -13,6 +13,8 @@ import pytest
 from fakes import FakeDeviceArray
 
 import vedart as veda
+from vedart.offload.arguments import map_arrays
+from vedart.offload.assigned import ArgumentState
 from vedart.offload.results import made_recording, results_to_host, unconverted_paths
 from vedart.offload.substitute import ModuleMapper, device_clone
 
@@ -224,6 +226,72 @@ def test_what_a_result_and_the_values_a_call_bound_share_comes_back_once() -> No
     np.testing.assert_array_equal(result["tail"], np.asarray(weights[3:]))
     alone, moved = results_to_host(coef, FakeDeviceArray, memo=memo)
     assert alone is bound[0] and moved == 0
+    assert results_to_host(history, FakeDeviceArray, memo=memo)[0] is bound  # (not in a tuple)
+    inner = [device(np.ones(2))]
+    (outer, again), _ = results_to_host(([inner], inner), FakeDeviceArray)  # deeper first
+    assert outer[0] is again and type(again[0]) is np.ndarray
+
+
+@dataclasses.dataclass
+class Fitted:
+    coef_: Any = None
+    predict_: Any = None
+    again: Any = None
+
+    def scale(self, y: Any) -> Any:
+        return y * self.coef_
+
+
+def fit_in_place(self: Fitted, x: Any) -> Any:
+    self.coef_ = x * 2
+    self.predict_ = lambda y: y * self.coef_
+    self.again = self.scale
+    model = types.SimpleNamespace(coef=x)
+    model.predict = lambda y: y + model.coef
+    return {"all": [self]}, self.coef_, model
+
+
+def landed(func: Any, *args: Any) -> Any:
+    """``func(*args)`` run as @gpu's GPU path runs it, on fake device arrays: the arguments'
+    arrays copied to the device, the run watched, then what it bound converted and given to
+    the caller's objects and containers, then its result converted, with one memo."""
+    device_args = map_arrays(args, np.ndarray, device, 3)
+    state = ArgumentState(device_args, FakeDeviceArray)
+    result = device_clone(func, IDENTITY)(*device_args)
+    state.launched()
+    twins = state.twins(args, {}, device_args, {})
+    held = state.held(twins)
+    memo = state.stand_ins(twins)
+    values, _ = results_to_host(tuple(value for _, _, value in held), FakeDeviceArray,
+                                memo=memo)
+    state.bind(held, values, twins)
+    return results_to_host(result, FakeDeviceArray, memo=memo)[0]
+
+
+def test_what_the_run_bound_and_returned_holds_the_callers_object_itself() -> None:
+    fitted, x = Fitted(), rng().random(3)
+    everything, coef, model = landed(fit_in_place, fitted, x)
+    assert everything["all"][0] is fitted and coef is fitted.coef_
+    assert fitted.predict_.__closure__[0].cell_contents is fitted
+    assert fitted.again.__self__ is fitted
+    fitted.coef_ = np.ones(3)
+    np.testing.assert_array_equal(fitted.predict_(2.0), np.full(3, 2.0))
+    assert model.predict.__closure__[0].cell_contents is model  # the record holding it
+    np.testing.assert_array_equal(model.predict(1.0), 1.0 + x)
+
+
+def steps_state(state: dict[str, Any], x: Any) -> Any:
+    state["w"] = state["w"] * 2
+    state["seen"] = x
+    return (state, 1), [state]
+
+
+def test_a_copied_dict_the_run_returns_anywhere_is_the_callers() -> None:
+    x = rng().random(2)
+    state = {"w": np.ones(2), "tmp": 1}
+    (first, _), second = landed(steps_state, state, x)
+    assert first is state and second[0] is state
+    assert state["seen"] is x and type(state["w"]) is np.ndarray and state["w"][0] == 2.0
 
 
 def closes_over(weights: Any) -> Any:
@@ -231,6 +299,29 @@ def closes_over(weights: Any) -> Any:
         return x * weights
 
     return weights, weighted, lambda x, w=weights: x + w
+
+
+def calls_each_other(weights: Any) -> Any:
+    def even(n: int) -> Any:
+        return weights if n == 0 else odd(n - 1)
+
+    def odd(n: int) -> Any:
+        return -weights if n == 0 else even(n - 1)
+
+    return even
+
+
+def test_functions_calling_each_other_come_back_calling_each_other() -> None:
+    weights = rng().random(2)
+    device_even = device_clone(calls_each_other, IDENTITY)(device(weights))
+    even, _ = results_to_host(device_even, FakeDeviceArray)
+    odd = next(cell.cell_contents for cell in even.__closure__
+               if callable(cell.cell_contents))
+    assert odd.__globals__ is globals() and even.__globals__ is globals()
+    assert any(cell.cell_contents is even for cell in odd.__closure__)
+    assert type(even(3)) is np.ndarray and np.array_equal(even(3), -weights)
+    # The device function keeps its own cells: it still computes with device arrays.
+    assert type(device_even(2)) is FakeDeviceArray
 
 
 def test_device_arrays_held_by_functions_the_call_made_are_the_results_host_arrays() -> None:

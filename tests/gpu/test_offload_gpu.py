@@ -640,28 +640,41 @@ def test_objects_and_lists_inside_arguments_hold_numpy_values_after_a_gpu_run() 
     assert state["steps"] == 1 and len(log) == 1 and type(log[0]) is np.ndarray
 
 
+@dataclasses.dataclass
 class Trainer:
-    """Binds what it also returns, as fitting code does."""
+    """Binds what it also returns, and a closure over itself, as fitting code does."""
 
-    def __init__(self) -> None:
-        self.losses_: list[Any] = []
+    losses_: list[Any] = dataclasses.field(default_factory=list)
+    best_: Any = None
+    predict_: Any = None
 
     @veda.gpu(force="gpu")
-    def fit(self, x: np.ndarray) -> tuple[list[Any], Any]:
+    def fit(self, x: np.ndarray) -> list[Any]:
         losses = [x.sum(axis=0), x.max(axis=0)]
         self.losses_ = losses
         self.best_ = losses[1]
-        return losses, self.best_[2:]
+        self.predict_ = lambda y: np.tanh(y) * self.best_
+        return losses
+
+    @veda.gpu(force="gpu")
+    def trim(self, x: np.ndarray) -> np.ndarray:
+        self.best_ = x.max(axis=0)
+        return self.best_[2:]
 
 
 def test_what_a_gpu_run_binds_and_returns_is_one_object_as_on_the_cpu() -> None:
     x = np.random.default_rng().random((1000, 8))
     trainer = Trainer()
-    losses, tail = trainer.fit(x)
+    losses = trainer.fit(x)
     assert last(Trainer.fit)[0] == "gpu"
     assert losses is trainer.losses_ and trainer.best_ is losses[1]
-    assert type(losses[0]) is np.ndarray and np.shares_memory(tail, trainer.best_)
+    assert type(losses[0]) is np.ndarray
     np.testing.assert_allclose(losses[0], x.sum(axis=0), rtol=1e-10)
+    assert trainer.predict_.__closure__[0].cell_contents is trainer  # the caller's, not a copy
+    trainer.best_ = np.full(8, 2.0)
+    np.testing.assert_allclose(trainer.predict_(x[:3]), np.tanh(x[:3]) * 2.0, rtol=1e-12)
+    tail = trainer.trim(x)
+    assert last(Trainer.trim)[0] == "gpu" and np.shares_memory(tail, trainer.best_)
     np.testing.assert_array_equal(tail, x.max(axis=0)[2:])
 
 

@@ -144,143 +144,190 @@ def to_host_class(record: Any) -> Any:
     return record
 
 
-# map_arrays' memo: id(value) -> (value, what it became, the depth it was walked from).
-Memo = dict[int, tuple[Any, Any, int]]
+# map_arrays' memo: id(value) -> (value, what it became).
+Memo = dict[int, tuple[Any, Any]]
 
 
 def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
-               depth: int, *, records: bool = False, host_classes: bool = True,
+               depth: int, *, records: bool = False, rebuild: bool = True,
                memo: Memo | None = None) -> Any:
     """``value`` with every ``array_type`` instance replaced by ``convert(instance)``, opening at
     most ``depth`` levels of lists, tuples, namedtuples and dicts (and, with ``records``,
     dataclass objects, SimpleNamespaces and objects of device classes, rebuilt as a shallow
-    copy with the converted fields set, an object of a device class given its host class
-    unless ``host_classes`` is False, as is a device class itself, and functions and methods
-    as :func:`_host_code` says); other values are kept as they are (containers without arrays
-    are returned as the same object). With a ``memo`` (a dict, empty at first, that may be
-    passed to several calls while the values they walk stay alive) a container, record or
-    function met again becomes what it became before, as long as it was walked as deep: two
-    places holding one list hold one converted list, as they did one list."""
+    copy with the converted fields set, an object of a device class given its host class, as
+    is a device class itself, and functions and methods as :func:`_host_code` says); other
+    values are kept as they are (containers without arrays are returned as the same object).
+    ``rebuild=False`` only walks: ``convert`` sees every array, and what comes back is
+    ``value``. With a ``memo`` (a dict, empty at first or holding what values stand for,
+    which may be passed to several calls while the values they walk stay alive) a
+    container, record or function met again becomes what it became the first time (as deep
+    as it was walked then), so two places holding one list hold one converted list, and a
+    record that holds itself through its items holds its converted self."""
     if isinstance(value, array_type):
         return convert(value)
     if depth <= 0:
         return value
     if memo is not None:
         known = memo.get(id(value))
-        if known is not None and known[0] is value and known[2] >= depth:
+        if known is not None and known[0] is value:
             return known[1]
     if records and is_record(value):
-        fields = record_fields(value)
-        converted_fields = {name: map_arrays(item, array_type, convert, depth - 1,
-                                             records=True, host_classes=host_classes,
-                                             memo=memo)
-                            for name, item in fields.items()}
-        rebuilt = value
-        if not all(map(operator.is_, converted_fields.values(), fields.values())):
-            rebuilt = copy.copy(value)
-            for name, item in converted_fields.items():
-                object.__setattr__(rebuilt, name, item)  # a frozen dataclass too
-        return _remember(memo, value, to_host_class(rebuilt) if host_classes else rebuilt,
-                         depth)
+        return _map_record(value, array_type, convert, depth, rebuild, memo)
     if not isinstance(value, _CONTAINERS) or not value:
         if records and type(value) in _CODE_TYPES:
-            return _remember(memo, value, _host_code(value, array_type, convert, depth,
-                                                     host_classes, memo), depth)
-        if records and host_classes and isinstance(value, type):
+            return _host_code(value, array_type, convert, depth, rebuild, memo)
+        if records and rebuild and isinstance(value, type):
             return vars(value).get(HOST_CLASS, value)  # a device class: its host class
         return value
-    if type(value) is dict or isinstance(value, dict):
+    dict_like = type(value) is dict or isinstance(value, dict)
+    # Made before the items are walked, so that an item holding this container gets it.
+    placeholder = None if memo is None else \
+        _placeholder(value, memo, rebuild, dict_like or isinstance(value, list))
+    if dict_like:
         items = {key: map_arrays(item, array_type, convert, depth - 1, records=records,
-                                 host_classes=host_classes, memo=memo)
+                                 rebuild=rebuild, memo=memo)
                  for key, item in value.items()}
         if all(map(operator.is_, items.values(), value.values())):
-            return value
-        if type(value) is dict:
-            return _remember(memo, value, items, depth)
-        # A subclass may not take its items as its one argument (a defaultdict takes its
-        # factory): a shallow copy keeps what it carries, then gets the converted items.
-        rebuilt = copy.copy(value)
-        rebuilt.update(items)
-        return _remember(memo, value, rebuilt, depth)
+            return value if memo is None else _remember(memo, value, value)
+        if placeholder is None:
+            if type(value) is dict:
+                return _remember(memo, value, items)
+            # A subclass may not take its items as its one argument (a defaultdict takes its
+            # factory): a shallow copy keeps what it carries, then gets the converted items.
+            placeholder = copy.copy(value)
+        placeholder.update(items)
+        return _remember(memo, value, placeholder)
     converted = [convert(item) if isinstance(item, array_type) else
                  map_arrays(item, array_type, convert, depth - 1, records=records,
-                            host_classes=host_classes, memo=memo)
+                            rebuild=rebuild, memo=memo)
                  if depth > 1 and (isinstance(item, _CONTAINERS) or records) else item
                  for item in value]
     if all(map(operator.is_, converted, value)):
-        return value
+        return value if memo is None else _remember(memo, value, value)
     if isinstance(value, list):
-        if type(value) is list:
-            return _remember(memo, value, converted, depth)
-        rebuilt = copy.copy(value)
-        rebuilt[:] = converted
-        return _remember(memo, value, rebuilt, depth)
+        if placeholder is None:
+            if type(value) is list:
+                return _remember(memo, value, converted)
+            placeholder = copy.copy(value)
+        placeholder[:] = converted
+        return _remember(memo, value, placeholder)
     if hasattr(value, "_fields"):  # namedtuple
-        return _remember(memo, value, type(value)(*converted), depth)
+        return _remember(memo, value, type(value)(*converted))
     return _remember(memo, value, tuple(converted) if type(value) is tuple else
-                     type(value)(converted), depth)
+                     type(value)(converted))
 
 
-def _remember(memo: Memo | None, value: Any, became: Any, depth: int) -> Any:
-    """``became``, noted in ``memo`` (when given) as what ``value`` became from ``depth``."""
+def _placeholder(value: Any, memo: Memo, rebuild: bool, mutable: bool) -> Any:
+    """What a mutable ``value`` becomes, made empty (a list or dict) or as a shallow copy
+    before its items are walked, and noted in ``memo``; None for a tuple (which can hold
+    itself only through a mutable value). Walking only, ``value``."""
+    if not mutable:
+        return None
+    if not rebuild:
+        made = value
+    elif type(value) is dict or type(value) is list:
+        made = type(value)()
+    else:
+        made = copy.copy(value)
+    memo[id(value)] = (value, made)
+    return made
+
+
+def _remember(memo: Memo | None, value: Any, became: Any) -> Any:
+    """``became``, noted in ``memo`` (when given) as what ``value`` became."""
     if memo is not None:
-        memo[id(value)] = (value, became, depth)
+        memo[id(value)] = (value, became)
     return became
+
+
+def _map_record(value: Any, array_type: type, convert: Callable[[Any], Any], depth: int,
+                rebuild: bool, memo: Memo | None) -> Any:
+    """A record (:func:`is_record`) for :func:`map_arrays`: a shallow copy holding its
+    converted fields when one changed (made before they are walked when there is a memo),
+    given its host class; else the record itself, given its host class in place."""
+    rebuilt = None if memo is None else _placeholder(value, memo, rebuild, True)
+    fields = record_fields(value)
+    converted_fields = {name: map_arrays(item, array_type, convert, depth - 1, records=True,
+                                         rebuild=rebuild, memo=memo)
+                        for name, item in fields.items()}
+    if all(map(operator.is_, converted_fields.values(), fields.values())):
+        rebuilt = value
+    else:
+        rebuilt = copy.copy(value) if rebuilt is None else rebuilt
+        for name, item in converted_fields.items():
+            object.__setattr__(rebuilt, name, item)  # a frozen dataclass too
+    return _remember(memo, value, to_host_class(rebuilt) if rebuild else rebuilt)
 
 
 _CODE_TYPES = (types.FunctionType, types.MethodType)
 
 
 def _host_code(value: Any, array_type: type, convert: Callable[[Any], Any], depth: int,
-               host_classes: bool, memo: Memo | None) -> Any:
-    """A function or bound method (:func:`map_arrays` with ``records``) as the host has it,
-    when ``host_classes`` (else only walked): a device clone is the host function it clones;
-    a function the device code defined (a lambda, a closure it returns) is the same code
-    over its module's own globals, its defaults and attributes converted, and the values its
-    closure cells hold converted in place (cells the call's frames made: the functions
-    sharing one keep sharing it; the cloned function's own cells, its caller's variables,
-    are left alone); a method is bound to its object converted. Other functions are
-    returned as they are."""
+               rebuild: bool, memo: Memo | None) -> Any:
+    """A function or bound method (:func:`map_arrays` with ``records``) as the host has it: a
+    device clone is the host function it clones; a function the device code defined (a
+    lambda, a closure it returns) is the same code over its module's own globals, with its
+    defaults, attributes and closure converted (into new cells: the device function keeps
+    its own; functions sharing a cell share its new cell when one memo covers both; the
+    cloned function's own cells, its caller's variables, are shared as they are); a method
+    is bound to its object converted. Other functions are returned as they are."""
     def mapped(item: Any) -> Any:
-        return map_arrays(item, array_type, convert, depth - 1, records=True,
-                          host_classes=host_classes, memo=memo)
+        return map_arrays(item, array_type, convert, depth - 1, records=True, rebuild=rebuild,
+                          memo=memo)
 
     if type(value) is types.MethodType:
         function, owner = mapped(value.__func__), mapped(value.__self__)
         if function is value.__func__ and owner is value.__self__:
             return value
-        return types.MethodType(function, owner)
+        return _remember(memo, value, types.MethodType(function, owner))
     device_globals = value.__globals__
     if not isinstance(device_globals, DeviceGlobals):
         return value
     origin = device_globals.origin
     if origin is not None and value.__code__ is origin.__code__:
-        return origin if host_classes else value
+        return origin if rebuild else value
+    outer = () if origin is None else origin.__closure__ or ()
+    filled = []  # (cell of the device function, its new cell)
+    closure = value.__closure__
+    if rebuild and closure:
+        cells = []
+        for cell in closure:
+            made = None if memo is None else memo.get(id(cell))
+            if made is not None:
+                cells.append(made[1])
+            elif any(cell is shared for shared in outer):
+                cells.append(cell)
+            else:
+                new_cell = _remember(memo, cell, types.CellType())
+                filled.append((cell, new_cell))
+                cells.append(new_cell)
+        closure = tuple(cells)
+    host = value
+    if rebuild:
+        host = types.FunctionType(value.__code__, device_globals.host_globals, value.__name__,
+                                  None, closure)
+    _remember(memo, value, host)  # before what it holds: functions calling each other
     defaults = value.__defaults__ and tuple(map(mapped, value.__defaults__))
     kwdefaults, attributes = mapped(value.__kwdefaults__), mapped(value.__dict__)
-    host = value
-    if host_classes:
-        host = types.FunctionType(value.__code__, device_globals.host_globals, value.__name__,
-                                  defaults, value.__closure__)
-        host.__kwdefaults__ = kwdefaults
-        host.__qualname__ = value.__qualname__
-        host.__module__ = value.__module__
-        host.__doc__ = value.__doc__
-        host.__annotations__ = value.__annotations__
-        host.__dict__.update(attributes)
-        _remember(memo, value, host, depth)  # before its cells: functions calling each other
-    # The cloned function's own cells hold the caller's variables, which every call shares.
-    outer = () if origin is None else origin.__closure__ or ()
-    for cell in value.__closure__ or ():
-        if any(cell is shared for shared in outer):
-            continue
+    if not rebuild:
+        filled = [(cell, cell) for cell in value.__closure__ or ()
+                  if not any(cell is shared for shared in outer)]
+    for cell, new_cell in filled:
         try:
             content = cell.cell_contents
         except ValueError:  # a variable not bound yet
             continue
         converted = host if content is value else mapped(content)  # (a recursive function)
-        if converted is not content:
-            cell.cell_contents = converted
+        if rebuild:
+            new_cell.cell_contents = converted
+    if rebuild:
+        host.__defaults__ = defaults
+        host.__kwdefaults__ = None if kwdefaults is None else dict(kwdefaults)
+        host.__qualname__ = value.__qualname__
+        host.__module__ = value.__module__
+        host.__doc__ = value.__doc__
+        host.__annotations__ = dict(value.__annotations__)
+        host.__dict__.update(attributes)
     return host
 
 

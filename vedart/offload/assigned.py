@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from vedart.offload.arguments import CONTAINER_DEPTH, PLAIN_TYPES, slot_names
+from vedart.offload.arguments import CONTAINER_DEPTH, PLAIN_TYPES, Memo, slot_names
 
 STATE_DEPTH = 3  # self.a.b.c.coef: three watched below the object (self.layers[0] two)
 STATE_VALUES = 256  # values looked at per call, at most (a big list is not walked through)
@@ -400,6 +400,14 @@ class ArgumentState:
         for name, item in device_kwargs.items():
             pair(kwargs[name], item, CONTAINER_DEPTH)
         return twins
+
+    def stand_ins(self, twins: dict[int, Any]) -> Memo:
+        """What each watched object, list and dict stands for where what the run bound and
+        returned holds it, as a memo for :func:`~vedart.offload.results.results_to_host`:
+        itself, whose contents :meth:`bind` converts in place, or the caller's for a copy of
+        the caller's (``twins``: :meth:`twins`)."""
+        return {id(watched.value): (watched.value, twins.get(id(watched.value), watched.value))
+                for watched in self._watched}
 
     def launched(self) -> None:
         """Note what the run left."""

@@ -635,7 +635,8 @@ class _Offload:
                      if type(value) is not np.ndarray}
         held = state.held(twins) if state else []
         values: Sequence[Any] = [value for _, _, value in held]  # returns="device": as they are
-        memo: Memo = {}  # what both the bound values and the result hold is converted once
+        # What both the bound values and the result hold is converted once.
+        memo: Memo = state.stand_ins(twins) if state and self._returns_host else {}
         if self._returns_host:
             copy = to_host if launch.engine is None else launch.engine.to_host
             writes = {id(device): (device, original) for original, device, _ in write_backs} \
@@ -647,9 +648,7 @@ class _Offload:
                 bytes_to_host += attribute_bytes
         if state:
             state.bind(held, values, twins)
-        if self._returns_host:
-            if isinstance(result, (list, dict)) and id(result) in twins:
-                result = twins[id(result)]  # a copy returned: the caller's, which has its items
+        if self._returns_host:  # (a copy of the caller's list or dict in it: the caller's)
             result, result_bytes = results_to_host(
                 result, cupy.ndarray, made_arrays=launch.made_arrays, writes=writes, copy=copy,
                 memo=memo)

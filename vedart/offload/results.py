@@ -199,14 +199,15 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
     ``writes=`` arguments, ``id(device array) -> (device array, caller's array)``, whose data
     the caller's arrays receive after this (views of them are made now, filled then);
     ``copy``: makes the host copy of one device array (a transfer engine's ``to_host``);
-    ``memo``: shared by calls converting values that may hold the same containers and
+    ``memo``: :func:`~vedart.offload.arguments.map_arrays`' memo (one is made when None),
+    to share with another call converting values that may hold the same containers and
     arrays (what a call bound, then its result), so that each comes back once: its
-    containers, records and functions as :func:`~vedart.offload.arguments.map_arrays` says,
-    and its arrays as the host arrays an earlier call made (views of them as views)."""
+    containers, records and functions as map_arrays says, and its arrays as the host
+    arrays an earlier call made (views of them as views)."""
     writes = writes or {}
     known = writes
     if memo:
-        known = {**{key: (device, host) for key, (device, host, _) in memo.items()
+        known = {**{key: (device, host) for key, (device, host) in memo.items()
                     if type(device) is device_type}, **writes}
     if type(value) is device_type and id(value) not in known and not (  # the common case
             known and value.size and _within(value, known)):  # (out[1:]: the anchors below)
@@ -214,17 +215,18 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
         kept = host.ndim == 0 and bool(made_arrays) and any(value is array
                                                              for array in made_arrays)
         return (host[()] if host.ndim == 0 and not kept else host), value.nbytes
+    memo = {} if memo is None else memo
     found: dict[int, Any] = {}
+    # (What the memo holds comes back as it says: the walk does not look into it either.)
     map_arrays(value, device_type, lambda array: found.setdefault(id(array), array),
-               RESULT_DEPTH, records=True, host_classes=False)
+               RESULT_DEPTH, records=True, rebuild=False, memo=dict(memo))
     if not found:  # a walk still gives objects of device classes their host class back
         return map_arrays(value, device_type, lambda array: array, RESULT_DEPTH,
                           records=True, memo=memo), 0
     hosts, moved = _hosts(list(found.values()), device_type, known, copy)
     kept = {id(array) for array in made_arrays} | writes.keys()
-    if memo is not None:
-        for key, array in found.items():
-            memo[key] = (array, hosts[key], RESULT_DEPTH)
+    for key, array in found.items():
+        memo[key] = (array, hosts[key])
 
     def convert(array: Any) -> Any:
         host = hosts[id(array)]
