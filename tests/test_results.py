@@ -261,7 +261,7 @@ def landed(func: Any, *args: Any) -> Any:
     state.launched()
     twins = state.twins(args, {}, device_args, {})
     held = state.held(twins)
-    memo = state.stand_ins(twins)
+    memo = state.stand_ins(twins, args)
     values, _ = results_to_host(tuple(value for _, _, value in held), FakeDeviceArray,
                                 memo=memo)
     state.bind(held, values, twins)
@@ -299,6 +299,39 @@ def closes_over(weights: Any) -> Any:
         return x * weights
 
     return weights, weighted, lambda x, w=weights: x + w
+
+
+@dataclasses.dataclass(eq=False)
+class Node:
+    parent: Any = None
+    children: list[Any] = dataclasses.field(default_factory=list)
+
+    def __copy__(self) -> Node:
+        raise AssertionError("an unchanged record is not copied")
+
+
+def test_cycles_and_records_without_device_arrays_come_back_as_themselves() -> None:
+    root = Node()
+    root.children.append(Node(root))
+    itself: dict[str, Any] = {}
+    itself["me"] = itself
+    (tree, same, loss), _ = results_to_host((root, itself, device(np.ones(2))),
+                                            FakeDeviceArray)
+    assert tree is root and tree.children[0].parent is root and same is itself
+    assert type(loss) is np.ndarray
+
+
+def grows_the_callers(holder: Any, outer: list[Any]) -> Any:
+    holder.outer.append(0)  # the caller's list: its copy is no longer paired with it
+    return outer[0]
+
+
+def test_a_copy_not_paired_with_the_callers_list_comes_back_converted() -> None:
+    holder, inner = types.SimpleNamespace(), [rng().random(2)]
+    holder.outer = outer = [inner]
+    returned = landed(grows_the_callers, holder, outer)
+    assert type(returned) is list and type(returned[0]) is np.ndarray
+    np.testing.assert_array_equal(returned[0], inner[0])
 
 
 def calls_each_other(weights: Any) -> Any:

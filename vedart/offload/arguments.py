@@ -144,8 +144,28 @@ def to_host_class(record: Any) -> Any:
     return record
 
 
-# map_arrays' memo: id(value) -> (value, what it became).
+# map_arrays' memo: id(value) -> (value, what it became, or _Walking while it is walked).
 Memo = dict[int, tuple[Any, Any]]
+
+
+class _Walking:
+    """A memo's mark on a container or record while it is walked: the new closure cells
+    that hold it, filled with what it becomes, and how many walks of it are open (a value
+    that holds itself is walked again inside its own walk, as without a memo)."""
+
+    __slots__ = ("cells", "open")
+
+    def __init__(self) -> None:
+        self.cells: list[Any] = []
+        self.open = 0
+
+
+def _walking(memo: Memo | None, value: Any) -> _Walking | None:
+    """The mark of ``value`` while it is walked, else None."""
+    known = None if memo is None else memo.get(id(value))
+    if known is not None and known[0] is value and type(known[1]) is _Walking:
+        return known[1]
+    return None
 
 
 def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
@@ -160,77 +180,76 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
     ``rebuild=False`` only walks: ``convert`` sees every array, and what comes back is
     ``value``. With a ``memo`` (a dict, empty at first or holding what values stand for,
     which may be passed to several calls while the values they walk stay alive) a
-    container, record or function met again becomes what it became the first time (as deep
-    as it was walked then), so two places holding one list hold one converted list, and a
-    record that holds itself through its items holds its converted self."""
+    container, record, function or closure cell met again becomes what it became the first
+    time (as deep as it was walked then), so two places holding one list hold one converted
+    list; a closure inside a container or record that holds the container gets what the
+    container becomes. (Two walks with one memo in the same state, one of them with
+    ``rebuild=False``, meet the same values.)"""
     if isinstance(value, array_type):
         return convert(value)
-    if depth <= 0:
-        return value
     if memo is not None:
         known = memo.get(id(value))
-        if known is not None and known[0] is value:
+        if known is not None and known[0] is value and type(known[1]) is not _Walking:
             return known[1]
-    if records and is_record(value):
-        return _map_record(value, array_type, convert, depth, rebuild, memo)
-    if not isinstance(value, _CONTAINERS) or not value:
+    if depth <= 0:
+        return value
+    record = records and is_record(value)
+    if not record and (not isinstance(value, _CONTAINERS) or not value):
         if records and type(value) in _CODE_TYPES:
             return _host_code(value, array_type, convert, depth, rebuild, memo)
         if records and rebuild and isinstance(value, type):
             return vars(value).get(HOST_CLASS, value)  # a device class: its host class
         return value
-    dict_like = type(value) is dict or isinstance(value, dict)
-    # Made before the items are walked, so that an item holding this container gets it.
-    placeholder = None if memo is None else \
-        _placeholder(value, memo, rebuild, dict_like or isinstance(value, list))
-    if dict_like:
+    walking = None
+    if memo is not None:
+        walking = _walking(memo, value)
+        if walking is None:
+            walking = _Walking()
+            memo[id(value)] = (value, walking)
+        walking.open += 1
+    became = _map_record(value, array_type, convert, depth, rebuild, memo) if record else \
+        _map_container(value, array_type, convert, depth, records, rebuild, memo)
+    if walking is not None:
+        walking.open -= 1
+        if not walking.open:  # the outermost walk of it: what it became stands
+            memo[id(value)] = (value, became)
+            for cell in walking.cells:
+                cell.cell_contents = became
+    return became
+
+
+def _map_container(value: Any, array_type: type, convert: Callable[[Any], Any], depth: int,
+                   records: bool, rebuild: bool, memo: Memo | None) -> Any:
+    """A non-empty list, tuple or dict for :func:`map_arrays`."""
+    if type(value) is dict or isinstance(value, dict):
         items = {key: map_arrays(item, array_type, convert, depth - 1, records=records,
                                  rebuild=rebuild, memo=memo)
                  for key, item in value.items()}
         if all(map(operator.is_, items.values(), value.values())):
-            return value if memo is None else _remember(memo, value, value)
-        if placeholder is None:
-            if type(value) is dict:
-                return _remember(memo, value, items)
-            # A subclass may not take its items as its one argument (a defaultdict takes its
-            # factory): a shallow copy keeps what it carries, then gets the converted items.
-            placeholder = copy.copy(value)
-        placeholder.update(items)
-        return _remember(memo, value, placeholder)
+            return value
+        if type(value) is dict:
+            return items
+        # A subclass may not take its items as its one argument (a defaultdict takes its
+        # factory): a shallow copy keeps what it carries, then gets the converted items.
+        rebuilt = copy.copy(value)
+        rebuilt.update(items)
+        return rebuilt
     converted = [convert(item) if isinstance(item, array_type) else
                  map_arrays(item, array_type, convert, depth - 1, records=records,
                             rebuild=rebuild, memo=memo)
                  if depth > 1 and (isinstance(item, _CONTAINERS) or records) else item
                  for item in value]
     if all(map(operator.is_, converted, value)):
-        return value if memo is None else _remember(memo, value, value)
+        return value
     if isinstance(value, list):
-        if placeholder is None:
-            if type(value) is list:
-                return _remember(memo, value, converted)
-            placeholder = copy.copy(value)
-        placeholder[:] = converted
-        return _remember(memo, value, placeholder)
+        if type(value) is list:
+            return converted
+        rebuilt = copy.copy(value)
+        rebuilt[:] = converted
+        return rebuilt
     if hasattr(value, "_fields"):  # namedtuple
-        return _remember(memo, value, type(value)(*converted))
-    return _remember(memo, value, tuple(converted) if type(value) is tuple else
-                     type(value)(converted))
-
-
-def _placeholder(value: Any, memo: Memo, rebuild: bool, mutable: bool) -> Any:
-    """What a mutable ``value`` becomes, made empty (a list or dict) or as a shallow copy
-    before its items are walked, and noted in ``memo``; None for a tuple (which can hold
-    itself only through a mutable value). Walking only, ``value``."""
-    if not mutable:
-        return None
-    if not rebuild:
-        made = value
-    elif type(value) is dict or type(value) is list:
-        made = type(value)()
-    else:
-        made = copy.copy(value)
-    memo[id(value)] = (value, made)
-    return made
+        return type(value)(*converted)
+    return tuple(converted) if type(value) is tuple else type(value)(converted)
 
 
 def _remember(memo: Memo | None, value: Any, became: Any) -> Any:
@@ -243,20 +262,17 @@ def _remember(memo: Memo | None, value: Any, became: Any) -> Any:
 def _map_record(value: Any, array_type: type, convert: Callable[[Any], Any], depth: int,
                 rebuild: bool, memo: Memo | None) -> Any:
     """A record (:func:`is_record`) for :func:`map_arrays`: a shallow copy holding its
-    converted fields when one changed (made before they are walked when there is a memo),
-    given its host class; else the record itself, given its host class in place."""
-    rebuilt = None if memo is None else _placeholder(value, memo, rebuild, True)
+    converted fields when one changed, else the record itself, given its host class."""
     fields = record_fields(value)
     converted_fields = {name: map_arrays(item, array_type, convert, depth - 1, records=True,
                                          rebuild=rebuild, memo=memo)
                         for name, item in fields.items()}
-    if all(map(operator.is_, converted_fields.values(), fields.values())):
-        rebuilt = value
-    else:
-        rebuilt = copy.copy(value) if rebuilt is None else rebuilt
+    rebuilt = value
+    if not all(map(operator.is_, converted_fields.values(), fields.values())):
+        rebuilt = copy.copy(value)
         for name, item in converted_fields.items():
             object.__setattr__(rebuilt, name, item)  # a frozen dataclass too
-    return _remember(memo, value, to_host_class(rebuilt) if rebuild else rebuilt)
+    return to_host_class(rebuilt) if rebuild else rebuilt
 
 
 _CODE_TYPES = (types.FunctionType, types.MethodType)
@@ -277,9 +293,9 @@ def _host_code(value: Any, array_type: type, convert: Callable[[Any], Any], dept
 
     if type(value) is types.MethodType:
         function, owner = mapped(value.__func__), mapped(value.__self__)
-        if function is value.__func__ and owner is value.__self__:
-            return value
-        return _remember(memo, value, types.MethodType(function, owner))
+        if function is not value.__func__ or owner is not value.__self__:
+            return _remember(memo, value, types.MethodType(function, owner))
+        return _remember(memo, value, value)
     device_globals = value.__globals__
     if not isinstance(device_globals, DeviceGlobals):
         return value
@@ -287,35 +303,33 @@ def _host_code(value: Any, array_type: type, convert: Callable[[Any], Any], dept
     if origin is not None and value.__code__ is origin.__code__:
         return origin if rebuild else value
     outer = () if origin is None else origin.__closure__ or ()
-    filled = []  # (cell of the device function, its new cell)
-    closure = value.__closure__
-    if rebuild and closure:
-        cells = []
-        for cell in closure:
-            made = None if memo is None else memo.get(id(cell))
-            if made is not None:
-                cells.append(made[1])
-            elif any(cell is shared for shared in outer):
-                cells.append(cell)
-            else:
-                new_cell = _remember(memo, cell, types.CellType())
-                filled.append((cell, new_cell))
-                cells.append(new_cell)
-        closure = tuple(cells)
+    cells, fresh = [], []  # its closure as the host function has it; (cell, new cell) to fill
+    for cell in value.__closure__ or ():
+        made = None if memo is None else memo.get(id(cell))
+        if made is not None and made[0] is cell:
+            cells.append(made[1])
+        elif any(cell is shared for shared in outer):
+            cells.append(cell)
+        else:
+            new_cell = _remember(memo, cell, types.CellType() if rebuild else cell)
+            fresh.append((cell, new_cell))
+            cells.append(new_cell)
     host = value
     if rebuild:
         host = types.FunctionType(value.__code__, device_globals.host_globals, value.__name__,
-                                  None, closure)
+                                  None, value.__closure__ and tuple(cells))
     _remember(memo, value, host)  # before what it holds: functions calling each other
     defaults = value.__defaults__ and tuple(map(mapped, value.__defaults__))
     kwdefaults, attributes = mapped(value.__kwdefaults__), mapped(value.__dict__)
-    if not rebuild:
-        filled = [(cell, cell) for cell in value.__closure__ or ()
-                  if not any(cell is shared for shared in outer)]
-    for cell, new_cell in filled:
+    for cell, new_cell in fresh:
         try:
             content = cell.cell_contents
         except ValueError:  # a variable not bound yet
+            continue
+        walking = _walking(memo, content)
+        if walking is not None:  # a container or record holding this function, being walked
+            if rebuild:
+                walking.cells.append(new_cell)
             continue
         converted = host if content is value else mapped(content)  # (a recursive function)
         if rebuild:

@@ -401,13 +401,30 @@ class ArgumentState:
             pair(kwargs[name], item, CONTAINER_DEPTH)
         return twins
 
-    def stand_ins(self, twins: dict[int, Any]) -> Memo:
+    def stand_ins(self, twins: dict[int, Any], given: Sequence[Any]) -> Memo:
         """What each watched object, list and dict stands for where what the run bound and
         returned holds it, as a memo for :func:`~vedart.offload.results.results_to_host`:
-        itself, whose contents :meth:`bind` converts in place, or the caller's for a copy of
-        the caller's (``twins``: :meth:`twins`)."""
-        return {id(watched.value): (watched.value, twins.get(id(watched.value), watched.value))
-                for watched in self._watched}
+        the caller's for a copy of the caller's (``twins``: :meth:`twins`), else itself,
+        whose contents :meth:`bind` converts in place; a copy not paired with the caller's
+        (``given``: what the caller gave the call, its containers the caller's) is left out,
+        converted as results are."""
+        callers = set()
+        level, depth = list(given), CONTAINER_DEPTH
+        while level and depth >= 0:
+            containers = [value for value in level if isinstance(value, (list, tuple, dict))]
+            callers.update(map(id, containers))
+            level = [item for value in containers
+                     for item in (value.values() if isinstance(value, dict) else value)]
+            depth -= 1
+        memo: Memo = {}
+        for watched in self._watched:
+            value = watched.value
+            stand_in = twins.get(id(value), value)
+            if stand_in is value and watched.given and id(value) not in callers and \
+                    isinstance(value, (list, dict)):
+                continue
+            memo[id(value)] = (value, stand_in)
+        return memo
 
     def launched(self) -> None:
         """Note what the run left."""

@@ -635,8 +635,11 @@ class _Offload:
                      if type(value) is not np.ndarray}
         held = state.held(twins) if state else []
         values: Sequence[Any] = [value for _, _, value in held]  # returns="device": as they are
-        # What both the bound values and the result hold is converted once.
-        memo: Memo = state.stand_ins(twins) if state and self._returns_host else {}
+        # What both the bound values and the result hold is converted once (nothing to
+        # share when nothing was bound and the result is one array: the commonest call).
+        memo: Memo = state.stand_ins(twins, (*self.bound_arguments, *args, *kwargs.values())) \
+            if state and self._returns_host and (held or type(result) is not cupy.ndarray) \
+            else {}
         if self._returns_host:
             copy = to_host if launch.engine is None else launch.engine.to_host
             writes = {id(device): (device, original) for original, device, _ in write_backs} \
