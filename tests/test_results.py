@@ -13,9 +13,14 @@ import pytest
 from fakes import FakeDeviceArray
 
 import vedart as veda
-from vedart.offload.arguments import map_arrays
+from vedart.offload.arguments import HOST_CLASS, Memo, map_arrays
 from vedart.offload.assigned import ArgumentState
-from vedart.offload.results import made_recording, results_to_host, unconverted_paths
+from vedart.offload.results import (
+    RESULT_DEPTH,
+    made_recording,
+    results_to_host,
+    unconverted_paths,
+)
 from vedart.offload.substitute import ModuleMapper, device_clone
 
 IDENTITY = ModuleMapper({"numpy": "numpy"})
@@ -215,8 +220,9 @@ def test_device_arrays_left_inside_other_objects_are_named() -> None:
 def test_what_a_result_and_the_values_a_call_bound_share_comes_back_once() -> None:
     coef, weights = device(rng().random(4)), device(rng(2).random(6))
     history = [coef, Fit(weights, [coef])]
-    memo: dict[int, Any] = {}
-    (bound, tail), moved = results_to_host((history, weights[2:]), FakeDeviceArray, memo=memo)
+    memo = Memo()
+    (bound, tail), moved = results_to_host((history, weights[2:]), FakeDeviceArray, memo=memo,
+                                           depth=RESULT_DEPTH + 1)  # each as deep as a result
     assert bound[1].history[0] is bound[0] and moved == (4 + 6) * 8
     assert np.shares_memory(tail, bound[1].weights)  # as on the device
     result, moved = results_to_host({"h": history, "again": history, "coef": coef,
@@ -228,8 +234,10 @@ def test_what_a_result_and_the_values_a_call_bound_share_comes_back_once() -> No
     assert alone is bound[0] and moved == 0
     assert results_to_host(history, FakeDeviceArray, memo=memo)[0] is bound  # (not in a tuple)
     inner = [device(np.ones(2))]
-    (outer, again), _ = results_to_host(([inner], inner), FakeDeviceArray)  # deeper first
+    (again, outer), _ = results_to_host((inner, [inner]), FakeDeviceArray)
     assert outer[0] is again and type(again[0]) is np.ndarray
+    (outer, again), _ = results_to_host(([inner], inner), FakeDeviceArray)  # deeper first:
+    assert type(outer[0][0]) is np.ndarray and type(again[0]) is np.ndarray  # walked anew
 
 
 @dataclasses.dataclass
@@ -248,6 +256,7 @@ def fit_in_place(self: Fitted, x: Any) -> Any:
     self.again = self.scale
     model = types.SimpleNamespace(coef=x)
     model.predict = lambda y: y + model.coef
+    model.scaled = lambda y, by=model: y * by.coef
     return {"all": [self]}, self.coef_, model
 
 
@@ -263,7 +272,7 @@ def landed(func: Any, *args: Any) -> Any:
     held = state.held(twins)
     memo = state.stand_ins(twins, args)
     values, _ = results_to_host(tuple(value for _, _, value in held), FakeDeviceArray,
-                                memo=memo)
+                                memo=memo, depth=RESULT_DEPTH + 1)
     state.bind(held, values, twins)
     return results_to_host(result, FakeDeviceArray, memo=memo)[0]
 
@@ -277,7 +286,9 @@ def test_what_the_run_bound_and_returned_holds_the_callers_object_itself() -> No
     fitted.coef_ = np.ones(3)
     np.testing.assert_array_equal(fitted.predict_(2.0), np.full(3, 2.0))
     assert model.predict.__closure__[0].cell_contents is model  # the record holding it
+    assert model.scaled.__defaults__ == (model,)
     np.testing.assert_array_equal(model.predict(1.0), 1.0 + x)
+    np.testing.assert_array_equal(model.scaled(2.0), 2.0 * x)
 
 
 def steps_state(state: dict[str, Any], x: Any) -> Any:
@@ -319,6 +330,49 @@ def test_cycles_and_records_without_device_arrays_come_back_as_themselves() -> N
                                             FakeDeviceArray)
     assert tree is root and tree.children[0].parent is root and same is itself
     assert type(loss) is np.ndarray
+
+
+@dataclasses.dataclass(eq=False)
+class Callback:
+    model: Any = None
+
+
+@dataclasses.dataclass(eq=False)
+class Trained:
+    callbacks: list[Any]
+    history: dict[str, Any]
+
+
+class OnHost:
+    pass
+
+
+class OnDevice(OnHost):  # stands for a device class substitution makes of OnHost
+    pass
+
+
+setattr(OnDevice, HOST_CLASS, OnHost)
+
+
+def test_arrays_below_a_cycle_are_converted_however_deep_it_is_met_first() -> None:
+    callback = Callback()
+    model = Trained([callback], {"loss": [device(np.ones(1))]})
+    callback.model = model
+    back, _ = results_to_host(model, FakeDeviceArray)
+    assert type(back.history["loss"][0]) is np.ndarray
+    made = OnDevice()
+    loop: list[Any] = [None, made]
+    loop[0] = loop
+    made.loop = loop
+    made.inner = types.SimpleNamespace(deeper=types.SimpleNamespace(w=device(np.ones(2))))
+    (_, made_back, _), _ = results_to_host([0, made, device(np.ones(3))], FakeDeviceArray)
+    assert type(made_back) is OnHost and type(made_back.inner.deeper.w) is np.ndarray
+    shared = {"a": {"b": device(np.ones(2))}}
+    nested: Any = shared
+    for _ in range(7):
+        nested = [nested]
+    (_, again), _ = results_to_host((nested, shared), FakeDeviceArray)  # deep, then shallow
+    assert type(again["a"]["b"]) is np.ndarray
 
 
 def grows_the_callers(holder: Any, outer: list[Any]) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import operator
 import types
@@ -144,19 +145,38 @@ def to_host_class(record: Any) -> Any:
     return record
 
 
-# map_arrays' memo: id(value) -> (value, what it became, or _Walking while it is walked).
-Memo = dict[int, tuple[Any, Any]]
+# A memo entry's depth for what always stands (ArgumentState.stand_ins).
+ANY_DEPTH = 1 << 30
+
+
+class Memo(dict):  # type: ignore[type-arg]
+    """:func:`map_arrays`' memo: ``id(value) -> (value, what it became, the depth it was
+    walked from)`` (a :class:`_Walking` mark in place of what it became while it is
+    walked), and ``switched``: the objects of device classes met unchanged, given their host
+    class by :meth:`give_host_classes` once the walk is over (before, a walk meeting one
+    again would no longer see a record in it)."""
+
+    def __init__(self, entries: Any = ()) -> None:
+        super().__init__(entries)
+        self.switched: list[Any] = []
+
+    def give_host_classes(self) -> None:
+        """Give the objects in ``switched`` their host class, in place."""
+        for record in self.switched:
+            to_host_class(record)
+        self.switched.clear()
 
 
 class _Walking:
-    """A memo's mark on a container or record while it is walked: the new closure cells
-    that hold it, filled with what it becomes, and how many walks of it are open (a value
-    that holds itself is walked again inside its own walk, as without a memo)."""
+    """A memo's mark on a container or record while it is walked: what to fill with what
+    it becomes (new closure cells and defaults of functions it holds, which refer to it),
+    and how many walks of it are open (a value that holds itself is walked again inside its
+    own walk, as without a memo)."""
 
-    __slots__ = ("cells", "open")
+    __slots__ = ("fills", "open")
 
     def __init__(self) -> None:
-        self.cells: list[Any] = []
+        self.fills: list[Callable[[Any], None]] = []
         self.open = 0
 
 
@@ -178,18 +198,19 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
     is a device class itself, and functions and methods as :func:`_host_code` says); other
     values are kept as they are (containers without arrays are returned as the same object).
     ``rebuild=False`` only walks: ``convert`` sees every array, and what comes back is
-    ``value``. With a ``memo`` (a dict, empty at first or holding what values stand for,
-    which may be passed to several calls while the values they walk stay alive) a
-    container, record, function or closure cell met again becomes what it became the first
-    time (as deep as it was walked then), so two places holding one list hold one converted
-    list; a closure inside a container or record that holds the container gets what the
-    container becomes. (Two walks with one memo in the same state, one of them with
-    ``rebuild=False``, meet the same values.)"""
+    ``value``. With a ``memo`` (:class:`Memo`, which may be passed to several calls while
+    the values they walk stay alive) a container, record, function or closure cell met
+    again, no deeper than it was walked before, becomes what it became then, so two places
+    holding one list hold one converted list (met deeper, it is walked again: a second
+    copy, converted as deep); a function inside a container or record that refers to the
+    container through a closure cell or a default gets what the container becomes. Two
+    walks with equal memos, one with ``rebuild=False``, meet the same arrays."""
     if isinstance(value, array_type):
         return convert(value)
     if memo is not None:
         known = memo.get(id(value))
-        if known is not None and known[0] is value and type(known[1]) is not _Walking:
+        if known is not None and known[0] is value and known[2] >= depth and \
+                type(known[1]) is not _Walking:
             return known[1]
     if depth <= 0:
         return value
@@ -205,16 +226,16 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
         walking = _walking(memo, value)
         if walking is None:
             walking = _Walking()
-            memo[id(value)] = (value, walking)
+            memo[id(value)] = (value, walking, depth)
         walking.open += 1
     became = _map_record(value, array_type, convert, depth, rebuild, memo) if record else \
         _map_container(value, array_type, convert, depth, records, rebuild, memo)
     if walking is not None:
         walking.open -= 1
         if not walking.open:  # the outermost walk of it: what it became stands
-            memo[id(value)] = (value, became)
-            for cell in walking.cells:
-                cell.cell_contents = became
+            memo[id(value)] = (value, became, depth)
+            for fill in walking.fills:
+                fill(became)
     return became
 
 
@@ -237,7 +258,7 @@ def _map_container(value: Any, array_type: type, convert: Callable[[Any], Any], 
     converted = [convert(item) if isinstance(item, array_type) else
                  map_arrays(item, array_type, convert, depth - 1, records=records,
                             rebuild=rebuild, memo=memo)
-                 if depth > 1 and (isinstance(item, _CONTAINERS) or records) else item
+                 if records or depth > 1 and isinstance(item, _CONTAINERS) else item
                  for item in value]
     if all(map(operator.is_, converted, value)):
         return value
@@ -252,26 +273,31 @@ def _map_container(value: Any, array_type: type, convert: Callable[[Any], Any], 
     return tuple(converted) if type(value) is tuple else type(value)(converted)
 
 
-def _remember(memo: Memo | None, value: Any, became: Any) -> Any:
-    """``became``, noted in ``memo`` (when given) as what ``value`` became."""
+def _remember(memo: Memo | None, value: Any, became: Any, depth: int) -> Any:
+    """``became``, noted in ``memo`` (when given) as what ``value`` became from ``depth``."""
     if memo is not None:
-        memo[id(value)] = (value, became)
+        memo[id(value)] = (value, became, depth)
     return became
 
 
 def _map_record(value: Any, array_type: type, convert: Callable[[Any], Any], depth: int,
                 rebuild: bool, memo: Memo | None) -> Any:
     """A record (:func:`is_record`) for :func:`map_arrays`: a shallow copy holding its
-    converted fields when one changed, else the record itself, given its host class."""
+    converted fields when one changed, else the record itself, given its host class (with
+    a memo, once the walk is over: :attr:`Memo.switched`)."""
     fields = record_fields(value)
     converted_fields = {name: map_arrays(item, array_type, convert, depth - 1, records=True,
                                          rebuild=rebuild, memo=memo)
                         for name, item in fields.items()}
-    rebuilt = value
-    if not all(map(operator.is_, converted_fields.values(), fields.values())):
-        rebuilt = copy.copy(value)
-        for name, item in converted_fields.items():
-            object.__setattr__(rebuilt, name, item)  # a frozen dataclass too
+    if all(map(operator.is_, converted_fields.values(), fields.values())):
+        if rebuild and memo is not None:
+            memo.switched.append(value)
+        elif rebuild:
+            to_host_class(value)
+        return value
+    rebuilt = copy.copy(value)
+    for name, item in converted_fields.items():
+        object.__setattr__(rebuilt, name, item)  # a frozen dataclass too
     return to_host_class(rebuilt) if rebuild else rebuilt
 
 
@@ -294,8 +320,8 @@ def _host_code(value: Any, array_type: type, convert: Callable[[Any], Any], dept
     if type(value) is types.MethodType:
         function, owner = mapped(value.__func__), mapped(value.__self__)
         if function is not value.__func__ or owner is not value.__self__:
-            return _remember(memo, value, types.MethodType(function, owner))
-        return _remember(memo, value, value)
+            return _remember(memo, value, types.MethodType(function, owner), depth)
+        return _remember(memo, value, value, depth)
     device_globals = value.__globals__
     if not isinstance(device_globals, DeviceGlobals):
         return value
@@ -306,36 +332,50 @@ def _host_code(value: Any, array_type: type, convert: Callable[[Any], Any], dept
     cells, fresh = [], []  # its closure as the host function has it; (cell, new cell) to fill
     for cell in value.__closure__ or ():
         made = None if memo is None else memo.get(id(cell))
-        if made is not None and made[0] is cell:
+        if made is not None and made[0] is cell and made[2] >= depth:
             cells.append(made[1])
         elif any(cell is shared for shared in outer):
             cells.append(cell)
         else:
-            new_cell = _remember(memo, cell, types.CellType() if rebuild else cell)
+            new_cell = _remember(memo, cell, types.CellType() if rebuild else cell, depth)
             fresh.append((cell, new_cell))
             cells.append(new_cell)
     host = value
     if rebuild:
         host = types.FunctionType(value.__code__, device_globals.host_globals, value.__name__,
                                   None, value.__closure__ and tuple(cells))
-    _remember(memo, value, host)  # before what it holds: functions calling each other
-    defaults = value.__defaults__ and tuple(map(mapped, value.__defaults__))
+    _remember(memo, value, host, depth)  # before what it holds: functions calling each other
+
+    def held(item: Any, fill: Callable[[Any], None]) -> Any:
+        """What ``item`` (a default or a cell's value) becomes; a container or record being
+        walked (one holding this function) is left as it is, to be filled in by ``fill``
+        with what it becomes."""
+        walking = _walking(memo, item)
+        if walking is None:
+            return host if item is value else mapped(item)  # (a recursive function)
+        if rebuild:
+            walking.fills.append(fill)
+        return item
+
+    if value.__defaults__:
+        defaults = list(value.__defaults__)
+        for index, item in enumerate(defaults):
+            def fill_default(became: Any, index: int = index) -> None:
+                host.__defaults__ = (*host.__defaults__[:index], became,
+                                     *host.__defaults__[index + 1:])
+            defaults[index] = held(item, fill_default)
+        if rebuild:
+            host.__defaults__ = tuple(defaults)
     kwdefaults, attributes = mapped(value.__kwdefaults__), mapped(value.__dict__)
     for cell, new_cell in fresh:
         try:
             content = cell.cell_contents
         except ValueError:  # a variable not bound yet
             continue
-        walking = _walking(memo, content)
-        if walking is not None:  # a container or record holding this function, being walked
-            if rebuild:
-                walking.cells.append(new_cell)
-            continue
-        converted = host if content is value else mapped(content)  # (a recursive function)
+        converted = held(content, functools.partial(setattr, new_cell, "cell_contents"))
         if rebuild:
             new_cell.cell_contents = converted
     if rebuild:
-        host.__defaults__ = defaults
         host.__kwdefaults__ = None if kwdefaults is None else dict(kwdefaults)
         host.__qualname__ = value.__qualname__
         host.__module__ = value.__module__

@@ -48,7 +48,13 @@ from typing import Any
 
 import numpy as np
 
-from vedart.offload.arguments import CONTAINER_DEPTH, PLAIN_TYPES, Memo, slot_names
+from vedart.offload.arguments import (
+    ANY_DEPTH,
+    CONTAINER_DEPTH,
+    PLAIN_TYPES,
+    Memo,
+    slot_names,
+)
 
 STATE_DEPTH = 3  # self.a.b.c.coef: three watched below the object (self.layers[0] two)
 STATE_VALUES = 256  # values looked at per call, at most (a big list is not walked through)
@@ -406,24 +412,26 @@ class ArgumentState:
         returned holds it, as a memo for :func:`~vedart.offload.results.results_to_host`:
         the caller's for a copy of the caller's (``twins``: :meth:`twins`), else itself,
         whose contents :meth:`bind` converts in place; a copy not paired with the caller's
-        (``given``: what the caller gave the call, its containers the caller's) is left out,
-        converted as results are."""
-        callers = set()
-        level, depth = list(given), CONTAINER_DEPTH
+        (``given``: what the caller gave the call, its lists and dicts the caller's) is left
+        out, converted as results are."""
+        callers: set[int] = set()
+        level, depth = _opened(given, self._leaf_type), CONTAINER_DEPTH
         while level and depth >= 0:
-            containers = [value for value in level if isinstance(value, (list, tuple, dict))]
-            callers.update(map(id, containers))
-            level = [item for value in containers
-                     for item in (value.values() if isinstance(value, dict) else value)]
-            depth -= 1
-        memo: Memo = {}
+            inner: list[Any] = []
+            for value in level:
+                if isinstance(value, (list, tuple, dict)):
+                    callers.add(id(value))
+                    # (in one step: another thread may change the caller's dict meanwhile)
+                    inner += list(value.values()) if isinstance(value, dict) else value
+            level, depth = _opened(inner, self._leaf_type), depth - 1
+        memo = Memo()
         for watched in self._watched:
             value = watched.value
             stand_in = twins.get(id(value), value)
             if stand_in is value and watched.given and id(value) not in callers and \
                     isinstance(value, (list, dict)):
                 continue
-            memo[id(value)] = (value, stand_in)
+            memo[id(value)] = (value, stand_in, ANY_DEPTH)
         return memo
 
     def launched(self) -> None:

@@ -63,7 +63,6 @@ from vedart.offload.adaptive import (
 from vedart.offload.arguments import (
     CONTAINER_DEPTH,
     ArgumentFacts,
-    Memo,
     iter_arrays,
     keyed,
     map_arrays,
@@ -86,6 +85,7 @@ from vedart.offload.imports import SET_ASIDE_AT_MOST, imported_since, imports_so
 from vedart.offload.linalg_status import raise_errors_here
 from vedart.offload.results import (
     HOST_LEAVES,
+    RESULT_DEPTH,
     made_recording,
     results_to_host,
     unconverted_paths,
@@ -637,9 +637,9 @@ class _Offload:
         values: Sequence[Any] = [value for _, _, value in held]  # returns="device": as they are
         # What both the bound values and the result hold is converted once (nothing to
         # share when nothing was bound and the result is one array: the commonest call).
-        memo: Memo = state.stand_ins(twins, (*self.bound_arguments, *args, *kwargs.values())) \
+        memo = state.stand_ins(twins, (*self.bound_arguments, *args, *kwargs.values())) \
             if state and self._returns_host and (held or type(result) is not cupy.ndarray) \
-            else {}
+            else None
         if self._returns_host:
             copy = to_host if launch.engine is None else launch.engine.to_host
             writes = {id(device): (device, original) for original, device, _ in write_backs} \
@@ -647,7 +647,7 @@ class _Offload:
             if held:  # first: the result may hold what they hold (return self)
                 values, attribute_bytes = results_to_host(
                     tuple(values), cupy.ndarray, made_arrays=launch.made_arrays, writes=writes,
-                    copy=copy, memo=memo)
+                    copy=copy, memo=memo, depth=RESULT_DEPTH + 1)  # each as deep as a result
                 bytes_to_host += attribute_bytes
         if state:
             state.bind(held, values, twins)

@@ -36,7 +36,13 @@ from typing import Any
 import numpy as np
 
 from vedart.gpu import transfer
-from vedart.offload.arguments import Memo, is_record, map_arrays, record_fields
+from vedart.offload.arguments import (
+    ANY_DEPTH,
+    Memo,
+    is_record,
+    map_arrays,
+    record_fields,
+)
 
 # Results are walked deeper than arguments: functions return nested structures more often.
 RESULT_DEPTH = 8
@@ -193,21 +199,23 @@ def _hosts(arrays: Sequence[Any], device_type: type,
 def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any] = (),
                     writes: Mapping[int, tuple[Any, np.ndarray]] | None = None,
                     copy: Callable[[Any], np.ndarray] = transfer.to_host,
-                    memo: Memo | None = None) -> tuple[Any, int]:
+                    memo: Memo | None = None, depth: int = RESULT_DEPTH) -> tuple[Any, int]:
     """``value`` with every ``device_type`` array converted as the module docstring says, and
     the bytes moved. ``made_arrays``: 0-d device arrays that stay arrays; ``writes``: the
     ``writes=`` arguments, ``id(device array) -> (device array, caller's array)``, whose data
     the caller's arrays receive after this (views of them are made now, filled then);
     ``copy``: makes the host copy of one device array (a transfer engine's ``to_host``);
-    ``memo``: :func:`~vedart.offload.arguments.map_arrays`' memo (one is made when None),
-    to share with another call converting values that may hold the same containers and
-    arrays (what a call bound, then its result), so that each comes back once: its
-    containers, records and functions as map_arrays says, and its arrays as the host
-    arrays an earlier call made (views of them as views)."""
+    ``memo``: :class:`~vedart.offload.arguments.Memo` (one is made when None), to share
+    with another call converting values that may hold the same containers and arrays
+    (what a call bound, then its result), so that each comes back once: its containers,
+    records and functions as :func:`~vedart.offload.arguments.map_arrays` says, and its
+    arrays as the host arrays an earlier call made (views of them as views); ``depth``: how
+    many levels of containers to open (one more for a tuple of values to convert as
+    results each)."""
     writes = writes or {}
     known = writes
     if memo:
-        known = {**{key: (device, host) for key, (device, host) in memo.items()
+        known = {**{key: (device, host) for key, (device, host, _) in memo.items()
                     if type(device) is device_type}, **writes}
     if type(value) is device_type and id(value) not in known and not (  # the common case
             known and value.size and _within(value, known)):  # (out[1:]: the anchors below)
@@ -215,24 +223,28 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
         kept = host.ndim == 0 and bool(made_arrays) and any(value is array
                                                              for array in made_arrays)
         return (host[()] if host.ndim == 0 and not kept else host), value.nbytes
-    memo = {} if memo is None else memo
+    memo = Memo() if memo is None else memo
     found: dict[int, Any] = {}
     # (What the memo holds comes back as it says: the walk does not look into it either.)
     map_arrays(value, device_type, lambda array: found.setdefault(id(array), array),
-               RESULT_DEPTH, records=True, rebuild=False, memo=dict(memo))
+               depth, records=True, rebuild=False, memo=Memo(memo))
     if not found:  # a walk still gives objects of device classes their host class back
-        return map_arrays(value, device_type, lambda array: array, RESULT_DEPTH,
-                          records=True, memo=memo), 0
+        result = map_arrays(value, device_type, lambda array: array, depth, records=True,
+                            memo=memo)
+        memo.give_host_classes()
+        return result, 0
     hosts, moved = _hosts(list(found.values()), device_type, known, copy)
     kept = {id(array) for array in made_arrays} | writes.keys()
     for key, array in found.items():
-        memo[key] = (array, hosts[key])
+        memo[key] = (array, hosts[key], ANY_DEPTH)
 
     def convert(array: Any) -> Any:
         host = hosts[id(array)]
         return host[()] if host.ndim == 0 and id(array) not in kept else host
 
-    return map_arrays(value, device_type, convert, RESULT_DEPTH, records=True, memo=memo), moved
+    result = map_arrays(value, device_type, convert, depth, records=True, memo=memo)
+    memo.give_host_classes()
+    return result, moved
 
 
 def unconverted_paths(value: Any, device_type: type, name: str = "result") -> list[str]:
