@@ -151,41 +151,34 @@ ANY_DEPTH = 1 << 30
 
 class Memo(dict):  # type: ignore[type-arg]
     """:func:`map_arrays`' memo: ``id(value) -> (value, what it became, the depth it was
-    walked from)`` (a :class:`_Walking` mark in place of what it became while it is
-    walked), and ``switched``: the objects of device classes met unchanged, given their host
+    walked from)``, with ``_WALKING`` in place of what it became while it is walked. Made on
+    first use (most walks need neither): ``fills``, per value being walked, what to fill
+    with what it becomes (new closure cells and defaults of functions it holds, which refer
+    to it); ``switched``, the objects of device classes met unchanged, given their host
     class by :meth:`give_host_classes` once the walk is over (before, a walk meeting one
     again would no longer see a record in it)."""
 
-    def __init__(self, entries: Any = ()) -> None:
-        super().__init__(entries)
-        self.switched: list[Any] = []
+    def fill_later(self, value: Any, fill: Callable[[Any], None]) -> None:
+        """Call ``fill`` with what ``value``, being walked, becomes."""
+        self.__dict__.setdefault("fills", {}).setdefault(id(value), []).append(fill)
+
+    def switch_later(self, record: Any) -> None:
+        """Give ``record`` its host class in :meth:`give_host_classes`."""
+        self.__dict__.setdefault("switched", []).append(record)
 
     def give_host_classes(self) -> None:
-        """Give the objects in ``switched`` their host class, in place."""
-        for record in self.switched:
+        """Give the objects met unchanged their host class, in place."""
+        for record in self.__dict__.pop("switched", ()):
             to_host_class(record)
-        self.switched.clear()
 
 
-class _Walking:
-    """A memo's mark on a container or record while it is walked: what to fill with what
-    it becomes (new closure cells and defaults of functions it holds, which refer to it),
-    and how many walks of it are open (a value that holds itself is walked again inside its
-    own walk, as without a memo)."""
-
-    __slots__ = ("fills", "open")
-
-    def __init__(self) -> None:
-        self.fills: list[Callable[[Any], None]] = []
-        self.open = 0
+_WALKING = object()  # what a memo entry holds for what its value becomes while it is walked
 
 
-def _walking(memo: Memo | None, value: Any) -> _Walking | None:
-    """The mark of ``value`` while it is walked, else None."""
+def _walked_now(memo: Memo | None, value: Any) -> bool:
+    """Whether ``value`` is being walked (a walk of what holds it is under way)."""
     known = None if memo is None else memo.get(id(value))
-    if known is not None and known[0] is value and type(known[1]) is _Walking:
-        return known[1]
-    return None
+    return known is not None and known[0] is value and known[1] is _WALKING
 
 
 def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
@@ -210,7 +203,7 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
     if memo is not None:
         known = memo.get(id(value))
         if known is not None and known[0] is value and known[2] >= depth and \
-                type(known[1]) is not _Walking:
+                known[1] is not _WALKING:
             return known[1]
     if depth <= 0:
         return value
@@ -221,21 +214,22 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
         if records and rebuild and isinstance(value, type):
             return vars(value).get(HOST_CLASS, value)  # a device class: its host class
         return value
-    walking = None
-    if memo is not None:
-        walking = _walking(memo, value)
-        if walking is None:
-            walking = _Walking()
-            memo[id(value)] = (value, walking, depth)
-        walking.open += 1
+    if memo is None:
+        return _map_record(value, array_type, convert, depth, rebuild, memo) if record else \
+            _map_container(value, array_type, convert, depth, records, rebuild, memo)
+    key = id(value)
+    before = memo.get(key)  # (a value that holds itself is walked again inside its walk)
+    memo[key] = (value, _WALKING, depth)
     became = _map_record(value, array_type, convert, depth, rebuild, memo) if record else \
         _map_container(value, array_type, convert, depth, records, rebuild, memo)
-    if walking is not None:
-        walking.open -= 1
-        if not walking.open:  # the outermost walk of it: what it became stands
-            memo[id(value)] = (value, became, depth)
-            for fill in walking.fills:
-                fill(became)
+    if before is not None and before[0] is value and before[1] is _WALKING:
+        memo[key] = before  # an outer walk of it goes on
+        return became
+    memo[key] = (value, became, depth)
+    fills = memo.__dict__.get("fills")
+    if fills:
+        for fill in fills.pop(key, ()):
+            fill(became)
     return became
 
 
@@ -284,14 +278,14 @@ def _map_record(value: Any, array_type: type, convert: Callable[[Any], Any], dep
                 rebuild: bool, memo: Memo | None) -> Any:
     """A record (:func:`is_record`) for :func:`map_arrays`: a shallow copy holding its
     converted fields when one changed, else the record itself, given its host class (with
-    a memo, once the walk is over: :attr:`Memo.switched`)."""
+    a memo, once the walk is over: :meth:`Memo.switch_later`)."""
     fields = record_fields(value)
     converted_fields = {name: map_arrays(item, array_type, convert, depth - 1, records=True,
                                          rebuild=rebuild, memo=memo)
                         for name, item in fields.items()}
     if all(map(operator.is_, converted_fields.values(), fields.values())):
         if rebuild and memo is not None:
-            memo.switched.append(value)
+            memo.switch_later(value)
         elif rebuild:
             to_host_class(value)
         return value
@@ -350,11 +344,11 @@ def _host_code(value: Any, array_type: type, convert: Callable[[Any], Any], dept
         """What ``item`` (a default or a cell's value) becomes; a container or record being
         walked (one holding this function) is left as it is, to be filled in by ``fill``
         with what it becomes."""
-        walking = _walking(memo, item)
-        if walking is None:
+        if not _walked_now(memo, item):
             return host if item is value else mapped(item)  # (a recursive function)
         if rebuild:
-            walking.fills.append(fill)
+            assert memo is not None
+            memo.fill_later(item, fill)
         return item
 
     if value.__defaults__:

@@ -223,6 +223,7 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
         kept = host.ndim == 0 and bool(made_arrays) and any(value is array
                                                              for array in made_arrays)
         return (host[()] if host.ndim == 0 and not kept else host), value.nbytes
+    shared = memo is not None
     memo = Memo() if memo is None else memo
     found: dict[int, Any] = {}
     # (What the memo holds comes back as it says: the walk does not look into it either.)
@@ -235,8 +236,9 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
         return result, 0
     hosts, moved = _hosts(list(found.values()), device_type, known, copy)
     kept = {id(array) for array in made_arrays} | writes.keys()
-    for key, array in found.items():
-        memo[key] = (array, hosts[key], ANY_DEPTH)
+    if shared:  # for the next call: the same device array is the same host array
+        for key, array in found.items():
+            memo[key] = (array, hosts[key], ANY_DEPTH)
 
     def convert(array: Any) -> Any:
         host = hosts[id(array)]
