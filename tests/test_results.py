@@ -257,6 +257,7 @@ def fit_in_place(self: Fitted, x: Any) -> Any:
     model = types.SimpleNamespace(coef=x)
     model.predict = lambda y: y + model.coef
     model.scaled = lambda y, by=model: y * by.coef
+    model.keyed = lambda y, *, by=model: y - by.coef
     return {"all": [self]}, self.coef_, model
 
 
@@ -270,11 +271,15 @@ def landed(func: Any, *args: Any) -> Any:
     state.launched()
     twins = state.twins(args, {}, device_args, {})
     held = state.held(twins)
-    memo = state.stand_ins(twins, args)
+    memo, themselves = state.stand_ins(twins, args)
     values, _ = results_to_host(tuple(value for _, _, value in held), FakeDeviceArray,
                                 memo=memo, depth=RESULT_DEPTH + 1)
     state.bind(held, values, twins)
-    return results_to_host(result, FakeDeviceArray, memo=memo)[0]
+    for key in themselves:
+        memo.pop(key, None)
+    converted = results_to_host(result, FakeDeviceArray, memo=memo)[0]
+    memo.give_host_classes()
+    return converted
 
 
 def test_what_the_run_bound_and_returned_holds_the_callers_object_itself() -> None:
@@ -286,7 +291,7 @@ def test_what_the_run_bound_and_returned_holds_the_callers_object_itself() -> No
     fitted.coef_ = np.ones(3)
     np.testing.assert_array_equal(fitted.predict_(2.0), np.full(3, 2.0))
     assert model.predict.__closure__[0].cell_contents is model  # the record holding it
-    assert model.scaled.__defaults__ == (model,)
+    assert model.scaled.__defaults__[0] is model and model.keyed.__kwdefaults__["by"] is model
     np.testing.assert_array_equal(model.predict(1.0), 1.0 + x)
     np.testing.assert_array_equal(model.scaled(2.0), 2.0 * x)
 
@@ -373,6 +378,30 @@ def test_arrays_below_a_cycle_are_converted_however_deep_it_is_met_first() -> No
         nested = [nested]
     (_, again), _ = results_to_host((nested, shared), FakeDeviceArray)  # deep, then shallow
     assert type(again["a"]["b"]) is np.ndarray
+
+
+def keeps_a_node_it_made(owner: Any, x: Any) -> Any:
+    node = OnDevice()  # as an object of a reached class made in the call is
+    node.me = node
+    node.stats = {"w": x * 2}
+    owner.runs_ = [node]
+    return node
+
+
+def fills_the_callers_deeply(config: Any, x: Any) -> Any:
+    config.a.b.c.d.w = x * 2  # beyond what is watched of the caller's object
+    return config
+
+
+def test_what_the_run_bound_and_returned_comes_back_converted_to_the_top() -> None:
+    owner, x = types.SimpleNamespace(), rng().random(2)
+    node = landed(keeps_a_node_it_made, owner, x)
+    assert type(node) is OnHost and type(node.stats["w"]) is np.ndarray
+    assert type(owner.runs_[0].stats["w"]) is np.ndarray
+    config = types.SimpleNamespace(a=types.SimpleNamespace(b=types.SimpleNamespace(
+        c=types.SimpleNamespace(d=types.SimpleNamespace(w=None)))))
+    back = landed(fills_the_callers_deeply, config, x)
+    assert unconverted_paths(back, FakeDeviceArray) == [] and type(back.a.b.c.d.w) is np.ndarray
 
 
 def grows_the_callers(holder: Any, outer: list[Any]) -> Any:

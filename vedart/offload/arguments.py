@@ -360,7 +360,15 @@ def _host_code(value: Any, array_type: type, convert: Callable[[Any], Any], dept
             defaults[index] = held(item, fill_default)
         if rebuild:
             host.__defaults__ = tuple(defaults)
-    kwdefaults, attributes = mapped(value.__kwdefaults__), mapped(value.__dict__)
+    if value.__kwdefaults__:
+        kwdefaults = dict(value.__kwdefaults__)
+        for name, item in kwdefaults.items():
+            def fill_kwdefault(became: Any, name: str = name) -> None:
+                host.__kwdefaults__[name] = became
+            kwdefaults[name] = held(item, fill_kwdefault)
+        if rebuild:
+            host.__kwdefaults__ = kwdefaults
+    attributes = mapped(value.__dict__)
     for cell, new_cell in fresh:
         try:
             content = cell.cell_contents
@@ -370,7 +378,6 @@ def _host_code(value: Any, array_type: type, convert: Callable[[Any], Any], dept
         if rebuild:
             new_cell.cell_contents = converted
     if rebuild:
-        host.__kwdefaults__ = None if kwdefaults is None else dict(kwdefaults)
         host.__qualname__ = value.__qualname__
         host.__module__ = value.__module__
         host.__doc__ = value.__doc__

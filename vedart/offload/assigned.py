@@ -377,7 +377,7 @@ class ArgumentState:
         caller's ``args`` and ``kwargs`` that the ones the run was given (with arrays
         converted by :func:`~vedart.offload.arguments.map_arrays`) held a copy of in its
         place when the run began (a list or dict read as it was then)."""
-        before = {id(watched.value): watched.before for watched in self._watched}
+        before = self._before()
         leaf_type = self._leaf_type
         twins: dict[int, Any] = {}
 
@@ -393,12 +393,13 @@ class ArgumentState:
             twins[id(device)] = host
             if depth <= 0:
                 return
+            host_held = before.get(id(host), host)  # as the run began, when the run changed it
             if isinstance(held, dict):
                 for key, item in held.items():
-                    if key in host:
-                        pair(host[key], item, depth - 1)
-            elif len(held) == len(host):
-                for host_item, item in zip(host, held, strict=True):
+                    if key in host_held:
+                        pair(host_held[key], item, depth - 1)
+            elif len(held) == len(host_held):
+                for host_item, item in zip(host_held, held, strict=True):
                     pair(host_item, item, depth - 1)
 
         for position, item in enumerate(device_args):
@@ -407,13 +408,22 @@ class ArgumentState:
             pair(kwargs[name], item, CONTAINER_DEPTH)
         return twins
 
-    def stand_ins(self, twins: dict[int, Any], given: Sequence[Any]) -> Memo:
-        """What each watched object, list and dict stands for where what the run bound and
-        returned holds it, as a memo for :func:`~vedart.offload.results.results_to_host`:
-        the caller's for a copy of the caller's (``twins``: :meth:`twins`), else itself,
-        whose contents :meth:`bind` converts in place; a copy not paired with the caller's
-        (``given``: what the caller gave the call, its lists and dicts the caller's) is left
-        out, converted as results are."""
+    def _before(self) -> dict[int, Any]:
+        """``id(value) -> what it held as the run began`` of each watched list and dict."""
+        return {id(watched.value): watched.before for watched in self._watched
+                if isinstance(watched.value, (list, dict))}
+
+    def stand_ins(self, twins: dict[int, Any], given: Sequence[Any]) -> tuple[Memo, list[int]]:
+        """What each watched object, list and dict stands for where what the run bound holds
+        it, as a memo for :func:`~vedart.offload.results.results_to_host`: the caller's for
+        a copy of the caller's (``twins``: :meth:`twins`), else itself, whose contents
+        :meth:`bind` converts in place; a copy not paired with the caller's (``given``: what
+        the caller gave the call, whose lists and dicts, as the run began, are the
+        caller's) is left out, converted as results are. Also the memo keys of those that
+        stand for themselves, to drop before the result is converted: once bound, they
+        are walked as results are (an object holding a CuPy array :meth:`bind` did not
+        convert comes back as a converted copy)."""
+        before = self._before()
         callers: set[int] = set()
         level, depth = _opened(given, self._leaf_type), CONTAINER_DEPTH
         while level and depth >= 0:
@@ -422,17 +432,19 @@ class ArgumentState:
                 if isinstance(value, (list, tuple, dict)):
                     callers.add(id(value))
                     # (in one step: another thread may change the caller's dict meanwhile)
-                    inner += list(value.values()) if isinstance(value, dict) else value
+                    held = before.get(id(value), value)
+                    inner += list(held.values()) if isinstance(held, dict) else held
             level, depth = _opened(inner, self._leaf_type), depth - 1
-        memo = Memo()
+        memo, themselves = Memo(), []
         for watched in self._watched:
             value = watched.value
             stand_in = twins.get(id(value), value)
-            if stand_in is value and watched.given and id(value) not in callers and \
-                    isinstance(value, (list, dict)):
-                continue
+            if stand_in is value:
+                if watched.given and id(value) not in callers and isinstance(value, (list, dict)):
+                    continue
+                themselves.append(id(value))
             memo[id(value)] = (value, stand_in, ANY_DEPTH)
-        return memo
+        return memo, themselves
 
     def launched(self) -> None:
         """Note what the run left."""

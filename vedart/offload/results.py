@@ -211,7 +211,9 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
     records and functions as :func:`~vedart.offload.arguments.map_arrays` says, and its
     arrays as the host arrays an earlier call made (views of them as views); ``depth``: how
     many levels of containers to open (one more for a tuple of values to convert as
-    results each)."""
+    results each). With a ``memo`` given, objects of device classes met unchanged get
+    their host class when the caller calls its ``give_host_classes`` (after the last call
+    sharing it); else before this returns."""
     writes = writes or {}
     known = writes
     if memo:
@@ -232,7 +234,8 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
     if not found:  # a walk still gives objects of device classes their host class back
         result = map_arrays(value, device_type, lambda array: array, depth, records=True,
                             memo=memo)
-        memo.give_host_classes()
+        if not shared:
+            memo.give_host_classes()
         return result, 0
     hosts, moved = _hosts(list(found.values()), device_type, known, copy)
     kept = {id(array) for array in made_arrays} | writes.keys()
@@ -245,7 +248,8 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
         return host[()] if host.ndim == 0 and id(array) not in kept else host
 
     result = map_arrays(value, device_type, convert, depth, records=True, memo=memo)
-    memo.give_host_classes()
+    if not shared:
+        memo.give_host_classes()
     return result, moved
 
 
