@@ -14,7 +14,7 @@ from fakes import FakeDeviceArray
 
 import vedart as veda
 from vedart.offload.arguments import HOST_CLASS, Memo, map_arrays
-from vedart.offload.assigned import ArgumentState
+from vedart.offload.assigned import ArgumentState, as_bound
 from vedart.offload.results import (
     RESULT_DEPTH,
     made_recording,
@@ -271,12 +271,11 @@ def landed(func: Any, *args: Any) -> Any:
     state.launched()
     twins = state.twins(args, {}, device_args, {})
     held = state.held(twins)
-    memo, themselves = state.stand_ins(twins, args)
+    memo = state.stand_ins(twins, args)
     values, _ = results_to_host(tuple(value for _, _, value in held), FakeDeviceArray,
                                 memo=memo, depth=RESULT_DEPTH + 1)
     state.bind(held, values, twins)
-    for key in themselves:
-        memo.pop(key, None)
+    as_bound(memo)
     converted = results_to_host(result, FakeDeviceArray, memo=memo)[0]
     memo.give_host_classes()
     return converted
@@ -393,6 +392,11 @@ def fills_the_callers_deeply(config: Any, x: Any) -> Any:
     return config
 
 
+def fills_a_copied_dict_deeply(state: dict[str, Any], x: Any) -> Any:
+    state["cfg"]["inner"]["deep"]["v"] = x * 2  # the caller's dicts, below what is watched
+    return state
+
+
 def test_what_the_run_bound_and_returned_comes_back_converted_to_the_top() -> None:
     owner, x = types.SimpleNamespace(), rng().random(2)
     node = landed(keeps_a_node_it_made, owner, x)
@@ -402,6 +406,9 @@ def test_what_the_run_bound_and_returned_comes_back_converted_to_the_top() -> No
         c=types.SimpleNamespace(d=types.SimpleNamespace(w=None)))))
     back = landed(fills_the_callers_deeply, config, x)
     assert unconverted_paths(back, FakeDeviceArray) == [] and type(back.a.b.c.d.w) is np.ndarray
+    state = {"w": np.ones(2), "cfg": {"inner": {"deep": {}}}}  # "w": uploaded as a copy
+    back = landed(fills_a_copied_dict_deeply, state, x)
+    assert unconverted_paths(back, FakeDeviceArray) == []
 
 
 def grows_the_callers(holder: Any, outer: list[Any]) -> Any:

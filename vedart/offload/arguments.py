@@ -175,6 +175,17 @@ class Memo(dict):  # type: ignore[type-arg]
 _WALKING = object()  # what a memo entry holds for what its value becomes while it is walked
 
 
+class WalkInstead:
+    """What a memo entry can hold for what its value becomes: ``value`` walked in its place
+    (the caller's list or dict a device copy of it stands for, once given the copy's
+    changes: what it becomes then)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 def _walked_now(memo: Memo | None, value: Any) -> bool:
     """Whether ``value`` is being walked (a walk of what holds it is under way)."""
     known = None if memo is None else memo.get(id(value))
@@ -202,9 +213,12 @@ def map_arrays(value: Any, array_type: type, convert: Callable[[Any], Any],
         return convert(value)
     if memo is not None:
         known = memo.get(id(value))
-        if known is not None and known[0] is value and known[2] >= depth and \
-                known[1] is not _WALKING:
-            return known[1]
+        if known is not None and known[0] is value:
+            if type(known[1]) is WalkInstead:
+                return map_arrays(known[1].value, array_type, convert, depth, records=records,
+                                  rebuild=rebuild, memo=memo)
+            if known[2] >= depth and known[1] is not _WALKING:
+                return known[1]
     if depth <= 0:
         return value
     record = records and is_record(value)

@@ -53,6 +53,7 @@ from vedart.offload.arguments import (
     CONTAINER_DEPTH,
     PLAIN_TYPES,
     Memo,
+    WalkInstead,
     slot_names,
 )
 
@@ -109,6 +110,19 @@ class _Slots(MutableMapping[str, Any]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+def as_bound(memo: Memo) -> None:
+    """Make ``memo`` (:meth:`ArgumentState.stand_ins`, as the conversion of the values the
+    run bound left it) the memo for the result, once :meth:`ArgumentState.bind` has run:
+    the caller's own objects are walked as results are (one still holding a CuPy array
+    comes back as a converted copy), and a copy of the caller's list or dict stands for
+    what the caller's, walked so, becomes."""
+    for value, stand_in, _ in memo.__dict__.pop("stood_in", ()):
+        if stand_in is value:
+            memo.pop(id(value), None)
+        else:
+            memo[id(value)] = (value, WalkInstead(stand_in), ANY_DEPTH)
 
 
 def bound_arguments(func: Any) -> tuple[Any, ...]:
@@ -413,16 +427,14 @@ class ArgumentState:
         return {id(watched.value): watched.before for watched in self._watched
                 if isinstance(watched.value, (list, dict))}
 
-    def stand_ins(self, twins: dict[int, Any], given: Sequence[Any]) -> tuple[Memo, list[int]]:
-        """What each watched object, list and dict stands for where what the run bound holds
-        it, as a memo for :func:`~vedart.offload.results.results_to_host`: the caller's for
-        a copy of the caller's (``twins``: :meth:`twins`), else itself, whose contents
-        :meth:`bind` converts in place; a copy not paired with the caller's (``given``: what
-        the caller gave the call, whose lists and dicts, as the run began, are the
-        caller's) is left out, converted as results are. Also the memo keys of those that
-        stand for themselves, to drop before the result is converted: once bound, they
-        are walked as results are (an object holding a CuPy array :meth:`bind` did not
-        convert comes back as a converted copy)."""
+    def stand_ins(self, twins: dict[int, Any], given: Sequence[Any]) -> Memo:
+        """What each watched object, list and dict stands for where the values the run
+        bound hold it, as a memo for :func:`~vedart.offload.results.results_to_host`: the
+        caller's for a copy of the caller's (``twins``: :meth:`twins`), else itself, whose
+        contents :meth:`bind` converts in place; a copy not paired with the caller's
+        (``given``: what the caller gave the call, whose lists and dicts, as the run began,
+        are the caller's) is left out, converted as results are. Once :meth:`bind` has
+        run, :func:`as_bound` makes it the memo for the result."""
         before = self._before()
         callers: set[int] = set()
         level, depth = _opened(given, self._leaf_type), CONTAINER_DEPTH
@@ -435,16 +447,16 @@ class ArgumentState:
                     held = before.get(id(value), value)
                     inner += list(held.values()) if isinstance(held, dict) else held
             level, depth = _opened(inner, self._leaf_type), depth - 1
-        memo, themselves = Memo(), []
+        memo = Memo()
         for watched in self._watched:
             value = watched.value
             stand_in = twins.get(id(value), value)
-            if stand_in is value:
-                if watched.given and id(value) not in callers and isinstance(value, (list, dict)):
-                    continue
-                themselves.append(id(value))
+            if stand_in is value and watched.given and id(value) not in callers and \
+                    isinstance(value, (list, dict)):
+                continue
             memo[id(value)] = (value, stand_in, ANY_DEPTH)
-        return memo, themselves
+        memo.__dict__["stood_in"] = list(memo.values())
+        return memo
 
     def launched(self) -> None:
         """Note what the run left."""

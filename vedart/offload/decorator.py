@@ -68,7 +68,7 @@ from vedart.offload.arguments import (
     map_arrays,
     scan,
 )
-from vedart.offload.assigned import ArgumentState, bound_arguments
+from vedart.offload.assigned import ArgumentState, as_bound, bound_arguments
 from vedart.offload.call_wrapper import build_wrapper
 from vedart.offload.cost import Decision, Forcing, decide
 from vedart.offload.failures import (
@@ -637,10 +637,9 @@ class _Offload:
         values: Sequence[Any] = [value for _, _, value in held]  # returns="device": as they are
         # What both the bound values and the result hold is converted once (nothing to
         # share when nothing was bound and the result is one array: the commonest call).
-        memo, themselves = state.stand_ins(
-            twins, (*self.bound_arguments, *args, *kwargs.values())) \
+        memo = state.stand_ins(twins, (*self.bound_arguments, *args, *kwargs.values())) \
             if state and self._returns_host and (held or type(result) is not cupy.ndarray) \
-            else (None, [])
+            else None
         if self._returns_host:
             copy = to_host if launch.engine is None else launch.engine.to_host
             writes = {id(device): (device, original) for original, device, _ in write_backs} \
@@ -654,13 +653,14 @@ class _Offload:
             state.bind(held, values, twins)
         if self._returns_host:  # (a copy of the caller's list or dict in it: the caller's)
             if memo is not None:
-                for key in themselves:  # converted in place now: walked as results are
-                    memo.pop(key, None)
-            result, result_bytes = results_to_host(
-                result, cupy.ndarray, made_arrays=launch.made_arrays, writes=writes, copy=copy,
-                memo=memo)
-            if memo is not None:
-                memo.give_host_classes()  # (once both are walked: see Memo)
+                as_bound(memo)
+            try:
+                result, result_bytes = results_to_host(
+                    result, cupy.ndarray, made_arrays=launch.made_arrays, writes=writes,
+                    copy=copy, memo=memo)
+            finally:
+                if memo is not None:
+                    memo.give_host_classes()  # (once both are walked: see Memo)
             bytes_to_host += result_bytes
             unconverted = [] if isinstance(result, HOST_LEAVES) else \
                 unconverted_paths(result, cupy.ndarray)
