@@ -397,6 +397,23 @@ def fills_a_copied_dict_deeply(state: dict[str, Any], x: Any) -> Any:
     return state
 
 
+def reaches_the_callers_list_twice(owner: Any, log: list[Any], x: Any) -> Any:
+    log.append(x * 2)  # through the copy the run was given
+    owner.last_ = [owner.a.b.c.d]  # the caller's list itself, below what is watched
+    return [log]
+
+
+def test_a_copy_returned_stands_for_the_callers_list_as_the_run_left_it() -> None:
+    log = [np.zeros(2), device(np.full(2, 5.0))]  # a CuPy array from before the call
+    owner = types.SimpleNamespace(a=types.SimpleNamespace(b=types.SimpleNamespace(
+        c=types.SimpleNamespace(d=log))))
+    x = rng().random(2)
+    (back,) = landed(reaches_the_callers_list_twice, owner, log, x)
+    assert len(log) == 3 and len(back) == 3  # the item the run appended, as on the CPU
+    np.testing.assert_array_equal(back[2], x * 2)
+    assert unconverted_paths(back, FakeDeviceArray) == []
+
+
 def test_what_the_run_bound_and_returned_comes_back_converted_to_the_top() -> None:
     owner, x = types.SimpleNamespace(), rng().random(2)
     node = landed(keeps_a_node_it_made, owner, x)

@@ -117,12 +117,16 @@ def as_bound(memo: Memo) -> None:
     run bound left it) the memo for the result, once :meth:`ArgumentState.bind` has run:
     the caller's own objects are walked as results are (one still holding a CuPy array
     comes back as a converted copy), and a copy of the caller's list or dict stands for
-    what the caller's, walked so, becomes."""
+    what the caller's, walked so after bind, becomes (what the bound values made of the
+    caller's one before bind is forgotten)."""
     for value, stand_in, _ in memo.__dict__.pop("stood_in", ()):
         if stand_in is value:
             memo.pop(id(value), None)
-        else:
-            memo[id(value)] = (value, WalkInstead(stand_in), ANY_DEPTH)
+            continue
+        memo[id(value)] = (value, WalkInstead(stand_in), ANY_DEPTH)
+        known = memo.get(id(stand_in))
+        if known is not None and known[0] is stand_in:  # met before bind gave it the changes
+            del memo[id(stand_in)]
 
 
 def bound_arguments(func: Any) -> tuple[Any, ...]:
