@@ -151,7 +151,8 @@ ANY_DEPTH = 1 << 30
 
 class Memo(dict):  # type: ignore[type-arg]
     """:func:`map_arrays`' memo: ``id(value) -> (value, what it became, the depth it was
-    walked from)``, with ``_WALKING`` in place of what it became while it is walked. Made on
+    walked from)``, with ``_WALKING`` in place of what it became while it is walked, or a
+    :class:`WalkInstead` for a value that becomes what another becomes. Made on
     first use (most walks need neither): ``fills``, per value being walked, what to fill
     with what it becomes (new closure cells and defaults of functions it holds, which refer
     to it); ``switched``, the objects of device classes met unchanged, given their host

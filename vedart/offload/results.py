@@ -17,7 +17,7 @@
   converted items (a shallow copy with converted fields); so are objects of the device classes
   substitution makes of a user's classes, which get their own class back (``type(model) is
   LinearModel``). A container or object held in two places comes back as one converted
-  copy held in both.
+  copy held in both, when it is met first no deeper than later (a memo: see ``memo``).
 - Functions and device classes the call hands back compute with NumPy after it: a device
   clone of a helper, method or class is the helper, method or class itself; a function the
   call defined (a closure, a lambda) gets its module's globals back, and the values its
