@@ -412,7 +412,6 @@ def test_a_copy_returned_stands_for_the_callers_list_as_the_run_left_it() -> Non
     assert len(log) == 3 and len(back) == 3  # the item the run appended, as on the CPU
     np.testing.assert_array_equal(back[2], x * 2)
     assert unconverted_paths(back, FakeDeviceArray) == []
-    assert owner.last_[0] is log  # bound: the caller's list itself, as bind left it
 
 
 def test_what_the_run_bound_and_returned_comes_back_converted_to_the_top() -> None:

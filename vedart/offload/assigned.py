@@ -435,8 +435,7 @@ class ArgumentState:
         """What each watched object, list and dict stands for where the values the run
         bound hold it, as a memo for :func:`~vedart.offload.results.results_to_host`: the
         caller's for a copy of the caller's (``twins``: :meth:`twins`), else itself, whose
-        contents :meth:`bind` converts in place, as does the caller's container a copy
-        stands for (given the copy's changes), met itself; a copy not paired with the caller's
+        contents :meth:`bind` converts in place; a copy not paired with the caller's
         (``given``: what the caller gave the call, whose lists and dicts, as the run began,
         are the caller's) is left out, converted as results are. Once :meth:`bind` has
         run, :func:`as_bound` makes it the memo for the result."""
@@ -461,8 +460,6 @@ class ArgumentState:
                 continue
             memo[id(value)] = (value, stand_in, ANY_DEPTH)
         memo.__dict__["stood_in"] = list(memo.values())
-        for _, stand_in, _ in memo.__dict__["stood_in"]:  # the caller's, which bind changes:
-            memo.setdefault(id(stand_in), (stand_in, stand_in, ANY_DEPTH))  # itself until then
         return memo
 
     def launched(self) -> None:
