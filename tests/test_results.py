@@ -14,7 +14,7 @@ from fakes import FakeDeviceArray
 
 import vedart as veda
 from vedart.offload.arguments import HOST_CLASS, Memo, map_arrays
-from vedart.offload.assigned import ArgumentState, as_bound
+from vedart.offload.assigned import ArgumentState
 from vedart.offload.results import (
     RESULT_DEPTH,
     made_recording,
@@ -275,7 +275,7 @@ def landed(func: Any, *args: Any) -> Any:
     values, _ = results_to_host(tuple(value for _, _, value in held), FakeDeviceArray,
                                 memo=memo, depth=RESULT_DEPTH + 1)
     state.bind(held, values, twins)
-    as_bound(memo)
+    state.as_bound(memo)
     converted = results_to_host(result, FakeDeviceArray, memo=memo)[0]
     memo.give_host_classes()
     return converted

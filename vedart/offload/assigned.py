@@ -112,23 +112,6 @@ class _Slots(MutableMapping[str, Any]):
         return sum(1 for _ in self)
 
 
-def as_bound(memo: Memo) -> None:
-    """Make ``memo`` (:meth:`ArgumentState.stand_ins`, as the conversion of the values the
-    run bound left it) the memo for the result, once :meth:`ArgumentState.bind` has run:
-    the caller's own objects are walked as results are (one still holding a CuPy array
-    comes back as a converted copy), and a copy of the caller's list or dict stands for
-    what the caller's, walked so after bind, becomes (what the bound values made of the
-    caller's one before bind is forgotten)."""
-    for value, stand_in, _ in memo.__dict__.pop("stood_in", ()):
-        if stand_in is value:
-            memo.pop(id(value), None)
-            continue
-        memo[id(value)] = (value, WalkInstead(stand_in), ANY_DEPTH)
-        known = memo.get(id(stand_in))
-        if known is not None and known[0] is stand_in:  # met before bind gave it the changes
-            del memo[id(stand_in)]
-
-
 def bound_arguments(func: Any) -> tuple[Any, ...]:
     """The arguments ``func`` passes on by itself: a bound method's object, a partial's
     arguments (through nested ones), a callable object itself."""
@@ -310,13 +293,15 @@ class ArgumentState:
     :meth:`bind` after a success, or :meth:`restore` after a failure. False when there is
     nothing to watch."""
 
-    __slots__ = ("_watched", "_launched", "_leaf_type")
+    __slots__ = ("_watched", "_launched", "_leaf_type", "_stood_in")
 
     def __init__(self, values: Sequence[Any], leaf_type: type = type(None)) -> None:
         """``values``: what the run is given (its arguments, their device copies among them,
         and what the function passes on by itself: :func:`bound_arguments`); ``leaf_type``:
         the device array type, never looked into."""
         self._watched: list[_Watched] = []
+        # (value, what it stands for) of each watched value :meth:`stand_ins` put in a memo
+        self._stood_in: list[tuple[Any, Any]] = []
         self._launched = False
         self._leaf_type = leaf_type
         level = _opened(values, leaf_type)
@@ -438,7 +423,7 @@ class ArgumentState:
         contents :meth:`bind` converts in place; a copy not paired with the caller's
         (``given``: what the caller gave the call, whose lists and dicts, as the run began,
         are the caller's) is left out, converted as results are. Once :meth:`bind` has
-        run, :func:`as_bound` makes it the memo for the result."""
+        run, :meth:`as_bound` makes it the memo for the result."""
         before = self._before()
         callers: set[int] = set()
         level, depth = _opened(given, self._leaf_type), CONTAINER_DEPTH
@@ -459,8 +444,25 @@ class ArgumentState:
                     isinstance(value, (list, dict)):
                 continue
             memo[id(value)] = (value, stand_in, ANY_DEPTH)
-        memo.__dict__["stood_in"] = list(memo.values())
+            self._stood_in.append((value, stand_in))
         return memo
+
+    def as_bound(self, memo: Memo) -> None:
+        """Make ``memo`` (:meth:`stand_ins`, as the conversion of the values the run bound
+        left it) the memo for the result, once :meth:`bind` has run: the caller's own
+        objects are walked as results are (one still holding a CuPy array comes back as a
+        converted copy), and a copy of the caller's list or dict stands for what the
+        caller's, walked so after bind, becomes (what the bound values made of the caller's
+        one before bind is forgotten)."""
+        for value, stand_in in self._stood_in:
+            if stand_in is value:
+                memo.pop(id(value), None)
+                continue
+            memo[id(value)] = (value, WalkInstead(stand_in), ANY_DEPTH)
+            known = memo.get(id(stand_in))
+            if known is not None and known[0] is stand_in:  # met before bind gave it changes
+                del memo[id(stand_in)]
+        self._stood_in = []
 
     def launched(self) -> None:
         """Note what the run left."""

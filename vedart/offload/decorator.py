@@ -68,7 +68,7 @@ from vedart.offload.arguments import (
     map_arrays,
     scan,
 )
-from vedart.offload.assigned import ArgumentState, as_bound, bound_arguments
+from vedart.offload.assigned import ArgumentState, bound_arguments
 from vedart.offload.call_wrapper import build_wrapper
 from vedart.offload.cost import Decision, Forcing, decide
 from vedart.offload.failures import (
@@ -653,7 +653,7 @@ class _Offload:
             state.bind(held, values, twins)
         if self._returns_host:  # (a copy of the caller's list or dict in it: the caller's)
             if memo is not None:
-                as_bound(memo)
+                state.as_bound(memo)
             try:
                 result, result_bytes = results_to_host(
                     result, cupy.ndarray, made_arrays=launch.made_arrays, writes=writes,
