@@ -486,3 +486,24 @@ def test_device_arrays_held_by_functions_the_call_made_are_the_results_host_arra
 def test_to_host_is_public() -> None:
     value = (np.ones(2), 3)
     assert veda.to_host(value) is value
+
+
+def test_an_array_another_thread_adds_while_results_are_converted_is_converted_too() -> None:
+    # A container the result shares with other code (a module's list a returned closure
+    # refers to) may gain a device array between the walk that finds the arrays and the one
+    # that converts them: that array is copied then, not a KeyError that sends the call to
+    # the CPU.
+    first, added = rng(11).random(3), rng(12).random(4)
+    shared = [device(first)]
+
+    def copy_while_another_thread_appends(array: Any) -> np.ndarray:
+        if len(shared) == 1:
+            shared.append(device(added))
+        return array.get()
+
+    host, moved = results_to_host({"log": shared, "n": 2}, FakeDeviceArray,
+                                  copy=copy_while_another_thread_appends)
+    assert [type(item) for item in host["log"]] == [np.ndarray, np.ndarray]
+    np.testing.assert_array_equal(host["log"][0], first)
+    np.testing.assert_array_equal(host["log"][1], added)
+    assert moved == first.nbytes + added.nbytes and host["n"] == 2

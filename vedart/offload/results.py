@@ -244,7 +244,13 @@ def results_to_host(value: Any, device_type: type, *, made_arrays: Sequence[Any]
             memo[key] = (array, hosts[key], ANY_DEPTH)
 
     def convert(array: Any) -> Any:
-        host = hosts[id(array)]
+        nonlocal moved
+        host = hosts.get(id(array))
+        if host is None:  # another thread put it in a shared container since the first walk
+            host = hosts[id(array)] = _copy_to_host(array, copy)
+            moved += array.nbytes
+            if shared:
+                memo[id(array)] = (array, host, ANY_DEPTH)
         return host[()] if host.ndim == 0 and id(array) not in kept else host
 
     result = map_arrays(value, device_type, convert, depth, records=True, memo=memo)
