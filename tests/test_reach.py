@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import types
 from typing import Any
 
 import numpy as np
@@ -183,6 +184,20 @@ def test_clones_are_bounded_in_depth_and_count_and_remade_when_code_changes(
     monkeypatch.setattr(rm.bottom, "__code__", rm.bottom_twice.__code__)  # redefined in place
     clone(2)
     assert routed() == 7  # the new code ran as a clone: two zeros on the "device"
+
+
+def test_a_helper_defined_again_is_not_counted_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module reloaded, or a notebook cell run again, binds a new function object of the
+    same name: the bound counts helpers by name, so editing helpers does not exhaust it."""
+    monkeypatch.setattr(substitute, "REACH_FUNCTIONS", 2)
+    clone, reach = reaching(rm.top)
+    for _ in range(3):
+        monkeypatch.setattr(rm, "bottom", types.FunctionType(
+            rm.bottom.__code__, rm.bottom.__globals__, rm.bottom.__name__))
+        recording_numpy.calls.clear()
+        np.testing.assert_array_equal(clone(2), rm.top(2))
+        assert routed() == 3  # bottom, made anew, still ran as a clone
+    assert reach.names == ("reach_module.bottom", "reach_module.middle")
 
 
 def test_clones_are_remade_when_defaults_or_a_class_method_change(

@@ -22,12 +22,12 @@ Rules a user can rely on:
   bases', also when found through ``super()``) are clones, whose ``isinstance`` answers as the
   class's does, and whose objects get the class back when they are returned
   (``type(model) is Model``). Reaching goes ``REACH_DEPTH`` calls deep and stops after
-  ``REACH_FUNCTIONS`` functions; it never reaches vedart, CuPy, Numba or Dask code, exception
-  and enum classes, classes of other metaclasses than ``type`` and ``abc.ABCMeta``, or classes
-  whose subclassing runs code (``__init_subclass__``). Everything else, and everything without
-  a Reach, runs on CuPy arrays through dispatch alone. Objects made by a reached class and kept
-  somewhere other than the result or an attribute of an argument object (a global list) stay
-  objects of the device class.
+  ``REACH_FUNCTIONS`` functions (by qualified name); it never reaches vedart, CuPy, Numba or
+  Dask code, exception and enum classes, classes of other metaclasses than ``type`` and
+  ``abc.ABCMeta``, or classes whose subclassing runs code (``__init_subclass__``). Everything
+  else, and everything without a Reach, runs on CuPy arrays through dispatch alone. Objects
+  made by a reached class and kept somewhere other than the result or an attribute of an
+  argument object (a global list) stay objects of the device class.
 - A name whose device twin lacks an attribute falls back to the NumPy attribute (then dispatch,
   or a GPU failure that re-runs the call on the CPU).
 - A function that assigns or deletes module globals (``global x; x = ...``) is not cloned; it
@@ -587,6 +587,11 @@ def _compare_as_one_class(host: type, namespace: dict[str, Any]) -> None:
             namespace[reflection] = _reflecting(compare)
 
 
+def _qualified_name(value: Any) -> str:
+    """``module.qualname`` of a reached function or class, as reasons and reports name it."""
+    return f"{value.__module__}.{value.__qualname__}"
+
+
 def _made_from(value: Any) -> tuple[Any, ...]:
     """What the clone of a reached function or the device class of a reached class is made
     from, flat so that comparing two is one tuple comparison: a function's code and defaults;
@@ -683,7 +688,9 @@ class Reach:
         # value -> (what a clone sees for it, what that was made from (:func:`_made_from`;
         # None for a value seen as it is): made again when that changes)
         self._known: dict[Any, tuple[Any, tuple[Any, ...] | None]] = {}
-        self._clones = 0  # helper functions cloned
+        # The qualified names of the helper functions cloned: a function defined again (a
+        # module reloaded, a notebook cell run again) is made anew but not counted again.
+        self._cloned: set[str] = set()
         # The globals of the clones made (helpers and methods) that substitute names.
         self._substituting: list[_CloneGlobals] = []
         self._binds_numpy: dict[tuple[str, bool], bool] = {}
@@ -716,9 +723,10 @@ class Reach:
             elif isinstance(value, type):
                 result, made_from = self._device_class(value, depth), _made_from(value)
             else:
-                if known is None and self._clones >= REACH_FUNCTIONS:
+                name = _qualified_name(value)
+                if name not in self._cloned and len(self._cloned) >= REACH_FUNCTIONS:
                     return value
-                self._clones += known is None
+                self._cloned.add(name)
                 result, made_from = self.clone(value, depth), _made_from(value)
             if not isinstance(value, types.ModuleType):
                 self._name(value)
@@ -833,7 +841,7 @@ class Reach:
         return _DeviceSuper(builtins.super(owner, first), owner, first, self, depth)
 
     def _name(self, value: Any) -> None:
-        name = f"{value.__module__}.{value.__qualname__}"
+        name = _qualified_name(value)
         if name not in self.names:
             self.names = tuple(sorted((*self.names, name)))
 
