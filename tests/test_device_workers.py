@@ -104,6 +104,8 @@ def test_only_functions_a_worker_can_import_travel() -> None:
     assert function_payload(offloaded(main_script_function, None)) is None
     for options in ({"writes": ("x",)}, {"returns": "device"}, {"device": 0}):
         assert function_payload(veda.gpu(**options)(wf.fails_on_seven)) is None
+    # Its code writes into its argument, which must be this process's array.
+    assert function_payload(veda.gpu(wf.clips_in_place)) is None
 
 
 def test_a_worker_is_given_its_device_as_this_process_sees_it(

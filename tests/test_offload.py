@@ -481,6 +481,29 @@ def test_a_writes_argument_sharing_memory_with_another_keeps_the_call_on_cpu() -
     assert scale.explain(a, a).path == "cpu"
 
 
+def test_arguments_the_code_writes_into_are_checked_as_writes_arguments() -> None:
+    """A parameter the function's code writes into in place is copied back after a GPU run,
+    so the same arguments that keep a ``writes=`` call on the CPU keep this one there: a
+    read-only array (NumPy would raise) and one sharing memory with another argument."""
+    fake_gpu()
+
+    @veda.gpu
+    def centre(x: Any, y: np.ndarray) -> float:
+        x -= x.mean()
+        return float(y.max())
+
+    a = np.random.default_rng(17).random(1_000_000)
+    other = np.random.default_rng(18).random(1_000_000)
+    found = "argument 'x', which the function writes into in place,"
+    assert centre.explain(big(8_000_000), other).reason == f"{found} is read-only"
+    assert centre.explain(a, a[::2]).reason == f"{found} shares memory with another argument"
+    assert centre.explain(a, other).path == "gpu"
+    assert centre.explain([1.0, 2.0], big(8_000_000)).path == "gpu"  # not an array: no copy
+    before = a.copy()
+    assert centre(a, a) == (before - before.mean()).max()  # on the CPU, as NumPy does it
+    np.testing.assert_allclose(a, before - before.mean())
+
+
 # --- telemetry ------------------------------------------------------------------------------
 
 def test_report_lists_functions_with_last_reason(capsys: pytest.CaptureFixture[str]) -> None:

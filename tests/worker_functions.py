@@ -60,3 +60,8 @@ def sleeps(x: np.ndarray) -> np.ndarray:
 
     time.sleep(0.05)
     return x
+
+
+def clips_in_place(x: np.ndarray) -> np.ndarray:
+    np.clip(x, 0.0, 0.5, out=x)
+    return x

@@ -59,6 +59,24 @@ def test_gpu_map_results_equal_the_cpu_path(gpu_runtime: veda.Runtime) -> None:
     assert stats["gpu_calls"] == 16 and stats["fallback_calls"] == 0
 
 
+def halve_in_place(M: np.ndarray) -> float:
+    M *= 0.5
+    return float(M[0].sum())
+
+
+def test_items_the_function_writes_into_end_as_on_the_cpu(gpu_runtime: veda.Runtime) -> None:
+    """Over every device (items of a function that writes into them stay in this process,
+    whose arrays they are)."""
+    mats = matrices(12, 300, seed=3)
+    expected = [M.copy() for M in mats]
+    sums = [halve_in_place(M) for M in expected]
+    got = par_iter(mats).gpu_map(halve_in_place, force="gpu").collect()
+    np.testing.assert_allclose(got, sums, rtol=RTOL_FLOAT32)
+    for M, M_expected in zip(mats, expected):
+        np.testing.assert_array_equal(M, M_expected)
+    assert {path for path, _ in placements(gpu_runtime)} == {"gpu"}
+
+
 def test_items_already_on_the_device_run_there_and_come_back_as_numpy(
         gpu_runtime: veda.Runtime) -> None:
     """Device-array items are never handed to idle CPU workers (which would run the function

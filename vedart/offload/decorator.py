@@ -7,8 +7,9 @@ The path of one call:
 2. Otherwise scan the arguments, ask the cost model (the static rule, or the adaptive model's
    choice once the static checks allow the GPU) for a Decision (with a reason).
 3. GPU: with device d current, copy host arrays to the device, run the substituted
-   clone without waiting for the copies, synchronise, copy results (and ``writes=``
-   arguments) back, record telemetry.
+   clone without waiting for the copies, synchronise, copy results (and the arguments it
+   writes into: ``writes=``, and those found in its code, :mod:`~vedart.offload.inplace`)
+   back, record telemetry.
 4. An exception of any type on the GPU attempt re-runs the function on the CPU with the
    caller's original arguments (``fallback="cpu"``): the caller gets the CPU's result or the
    CPU's own exception, and once the CPU has succeeded where the GPU failed, later calls with
@@ -82,6 +83,7 @@ from vedart.offload.failures import (
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
 from vedart.offload.imports import SET_ASIDE_AT_MOST, imported_since, imports_so_far
+from vedart.offload.inplace import written_parameters
 from vedart.offload.linalg_status import raise_errors_here
 from vedart.offload.results import (
     HOST_LEAVES,
@@ -259,14 +261,21 @@ class _Offload:
                 func, follow_wrapped=False)
         except (TypeError, ValueError):  # a callable without one: the call itself will tell
             self._own_signature = None
+        # The parameters copied back after a GPU run: the ``writes=`` names and those the
+        # function's code writes into, found at its first GPU decision (reading its source
+        # takes a millisecond, and most calls stay on the CPU); None until then. Once it
+        # holds any, ``_signature`` binds them to a call's arguments.
         self._signature: inspect.Signature | None = None
+        self.writes: tuple[str, ...] | None = None
         if options.writes:
-            self._signature = inspect.signature(func)
-            unknown = [n for n in options.writes if n not in self._signature.parameters]
+            signature = inspect.signature(func)
+            unknown = [n for n in options.writes if n not in signature.parameters]
             if unknown:
                 raise ConfigError(f"writes: got {list(options.writes)}; allowed: parameter names "
-                                  f"of {self.name} {list(self._signature.parameters)} "
+                                  f"of {self.name} {list(signature.parameters)} "
                                   f"(unknown: {unknown})")
+            self._signature = signature
+            self.writes = options.writes
         # What users call, the (args, kwargs) it hands on, and its call key (call_wrapper).
         self.wrapper, self.binding, self.key_of_call = build_wrapper(func, self, forced_path)
 
@@ -459,27 +468,60 @@ class _Offload:
             if failure is not None:  # the model still learns the CPU time of what it chose
                 return Decision("cpu", f"GPU failed before for arguments {facts.signature} "
                                        f"({failure}); the CPU ran them", model=decision.model)
-        if decision.path == "gpu" and self._signature is not None:
-            problem = self._writes_problem(args, kwargs)
-            if problem is not None:
-                return Decision("cpu", problem, refused=forcing is not None)
+        if decision.path == "gpu":
+            if self.writes is None:
+                self._find_writes()
+            if self.writes:
+                problem = self._writes_problem(args, kwargs)
+                if problem is not None:
+                    return Decision("cpu", problem, refused=forcing is not None)
         return decision
 
+    def _find_writes(self) -> None:
+        """Set ``writes``: the ``writes=`` names, then the parameters the function's own code
+        writes into in place (:func:`~vedart.offload.inplace.written_parameters`)."""
+        found = written_parameters(self.func)
+        signature = self._signature
+        if found and signature is None:
+            try:
+                signature = inspect.signature(self.func)
+            except (TypeError, ValueError):  # (a plain function has one)
+                signature = None
+        found = () if signature is None else \
+            tuple(name for name in found if name in signature.parameters)
+        if found:
+            self._signature = signature  # (before writes: other threads read it then)
+        self.writes = (*self.options.writes,
+                       *(name for name in found if name not in self.options.writes))
+
     def _writes_problem(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-        assert self._signature is not None
-        bound = self._signature.bind(*args, **kwargs).arguments
+        """Why a call whose arguments named in ``writes`` could not be copied back as the CPU
+        path writes them stays on the CPU, or None. A parameter the code writes into that
+        holds no array here is no problem: only arrays are copied back. Arguments that do not
+        bind are none either: the call raises its own TypeError when it runs (``explain``
+        reached through an instance has no ``self``: see :meth:`explain`)."""
+        assert self._signature is not None and self.writes is not None
+        try:
+            bound = self._signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return None
         arrays = [*iter_arrays(args, np.ndarray, CONTAINER_DEPTH + 1),
                   *iter_arrays(kwargs, np.ndarray, CONTAINER_DEPTH + 1)]
-        for name in self.options.writes:
+        for name in self.writes:
             value = bound.get(name)
+            stated = name in self.options.writes
+            if not stated and not isinstance(value, np.ndarray):
+                continue
+            what = f"writes= argument {name!r}" if stated else \
+                f"argument {name!r}, which the function writes into in place,"
             if type(value) is not np.ndarray:
-                return f"writes= argument {name!r} is a {type(value).__name__}, not an ndarray"
+                return f"{what} is a {type(value).__name__}, not an ndarray"
             if not value.flags.writeable:
-                return f"writes= argument {name!r} is read-only"
+                return f"{what} is read-only"
             # Each argument goes to the device as a copy of its own, so a write through one
             # would not show through the other there, as it does on the CPU.
             if sum(np.may_share_memory(value, array) for array in arrays) > 1:
-                return f"writes= argument {name!r} shares memory with another argument"
+                return f"{what} shares memory with another argument"
         return None
 
     def learn(self, runtime: Runtime, decision: Decision, facts: ArgumentFacts,
@@ -618,12 +660,12 @@ class _Offload:
         # on every small call. The device's remaining work then counts in seconds_to_host; a
         # larger result is waited for first, so that its copy is timed apart, and so is an
         # empty one, whose copy moves nothing and waits for nothing.
-        copy_waits = self._returns_host and self._signature is None and \
+        copy_waits = self._returns_host and not self.writes and \
             type(result) is cupy.ndarray and 0 < result.nbytes < WAIT_APART_BYTES
         if not copy_waits:
             _wait_for(launch.device, launch.stream)
         computed = time.perf_counter()
-        if self._signature is not None:  # writes=
+        if self.writes:  # (its GPU decision set it)
             write_backs = self._fetch_writes(args, kwargs, launch.device_args,
                                              launch.device_kwargs)
             bytes_to_host = sum(host.nbytes for _, _, host in write_backs)
@@ -681,13 +723,13 @@ class _Offload:
     def _fetch_writes(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                       device_args: tuple[Any, ...], device_kwargs: dict[str, Any]
                       ) -> list[tuple[np.ndarray, Any, np.ndarray]]:
-        """(caller's array, device array, host copy of the device array) per ``writes=``
-        (a function with ``writes=`` only)."""
-        assert self._signature is not None
+        """(caller's array, device array, host copy of the device array) per name in
+        ``writes`` that holds an array (a function with ``writes`` only)."""
+        assert self._signature is not None and self.writes is not None
         host_bound = self._signature.bind(*args, **kwargs).arguments
         device_bound = self._signature.bind(*device_args, **device_kwargs).arguments
         return [(host_bound[name], device_bound[name], to_host(device_bound[name]))
-                for name in self.options.writes]
+                for name in self.writes if type(host_bound.get(name)) is np.ndarray]
 
 
 # A one-array result below this is copied back without a separate wait for the device (land).
@@ -1013,7 +1055,9 @@ def gpu(func: Callable[..., Any] | None = None, /, *, device: int | None = None,
       force: "cpu" or "gpu" for every call (``veda.force`` blocks take precedence).
       fallback: "cpu" or "raise", overriding ``Config.fallback``.
       writes: names of array parameters the function modifies in place; after a GPU run they
-        are copied back into the caller's arrays (other in-place writes are not propagated).
+        are copied back into the caller's arrays. Parameters the function's own code writes
+        into (``x -= m``, ``x[i] = v``, ``out=x``; docs/offload.md, Mutation) are copied back
+        without being named; name those a helper it calls writes into.
       returns: "host" (NumPy results) or "device" (CuPy arrays kept on the device).
       idempotent: False for a function that must not run twice (it appends to a file, sends a
         message): a GPU failure then raises OffloadError instead of re-running on the CPU.

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vedart.errors import OffloadError, OffloadWarning
+from vedart.offload.inplace import written_parameters
 from vedart.parallel.byte_ring import ByteRing, aligned
 
 if TYPE_CHECKING:
@@ -140,11 +141,13 @@ def function_payload(wrapper: Any) -> bytes | None:
     module-level @veda.gpu function), else its function by reference with its options. None,
     and the items stay in this process, when neither pickles (a lambda, a closure), it lives
     in ``__main__``, it names a device (a worker sees only its own), or its results must reach
-    this process's own arrays or device (``writes=``, ``returns="device"``)."""
+    this process's own arrays or device (``writes=``, an argument its code writes into in
+    place, ``returns="device"``)."""
     function = getattr(wrapper, "__wrapped__", None)
     options = getattr(wrapper, "gpu_options", None)
     if getattr(function, "__module__", "__main__") == "__main__" or (options is not None and (
-            options.writes or options.returns == "device" or options.device is not None)):
+            options.writes or options.returns == "device" or options.device is not None)) \
+            or written_parameters(function):
         return None
     for candidate in (wrapper, (function, options)):
         try:
