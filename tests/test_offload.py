@@ -503,6 +503,16 @@ def test_arguments_the_code_writes_into_are_checked_as_writes_arguments() -> Non
     assert centre(a, a) == (before - before.mean()).max()  # on the CPU, as NumPy does it
     np.testing.assert_allclose(a, before - before.mean())
 
+    @veda.gpu(writes=("y",))  # stated writes=, and one found in the code
+    def scale_both(x: np.ndarray, y: np.ndarray) -> None:
+        x *= 2
+        np.copyto(y, x)
+
+    assert scale_both.explain(big(8_000_000), other).reason == \
+        "argument 'x', which the function writes into in place, is read-only"
+    assert scale_both.explain(other, big(8_000_000)).reason == "writes= argument 'y' is read-only"
+    np.testing.assert_allclose(a, before - before.mean())
+
 
 # --- telemetry ------------------------------------------------------------------------------
 

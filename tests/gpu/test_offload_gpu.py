@@ -503,6 +503,8 @@ def test_arguments_written_in_place_end_as_numpy_leaves_them(func: Any) -> None:
     np.testing.assert_allclose(x, expected_x, rtol=1e-12, atol=1e-12)
     if expected is expected_x:
         assert result is x
+    elif expected is None:
+        assert result is None
     else:
         assert type(result) is type(expected)
         np.testing.assert_allclose(result, expected, rtol=1e-12, atol=1e-12)

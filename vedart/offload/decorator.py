@@ -275,7 +275,6 @@ class _Offload:
                                   f"of {self.name} {list(signature.parameters)} "
                                   f"(unknown: {unknown})")
             self._signature = signature
-            self.writes = options.writes
         # What users call, the (args, kwargs) it hands on, and its call key (call_wrapper).
         self.wrapper, self.binding, self.key_of_call = build_wrapper(func, self, forced_path)
 
