@@ -167,6 +167,43 @@ def keyword_only(*, out: np.ndarray) -> None:
     out[...] = 1
 
 
+def normalise_rows(m: np.ndarray, by: float = 1.0) -> None:
+    m /= m.sum(axis=1, keepdims=True) * by
+
+
+def through_a_helper(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    normalise_rows(x)
+    return y
+
+
+def through_a_helper_by_keyword(x: np.ndarray, y: np.ndarray) -> None:
+    normalise_rows(by=2.0, m=x[1:])
+    normalise_rows(y.copy())
+
+
+def through_two_helpers(x: np.ndarray) -> None:
+    through_a_helper(x, x)
+
+
+def shadowed_helper(x: np.ndarray) -> None:
+    normalise_rows = print  # a local name: not the module's helper
+    normalise_rows(x)
+
+
+def calls_itself(x: np.ndarray, n: int) -> None:
+    if n:
+        calls_itself(x, n - 1)
+
+
+def one_of_two(x: np.ndarray, y: np.ndarray) -> None:
+    two_of_two(y, x)
+
+
+def two_of_two(x: np.ndarray, y: np.ndarray) -> None:
+    one_of_two(y, x)
+    x += 1
+
+
 @pytest.mark.parametrize(("func", "written"), [
     (centre, ("x",)),
     (centre_a_copy, ()),
@@ -198,6 +235,13 @@ def keyword_only(*, out: np.ndarray) -> None:
     (sets_attributes, ()),
     (sets_an_array_attribute, ("x", "y")),
     (keyword_only, ("out",)),
+    (through_a_helper, ("x",)),
+    (through_a_helper_by_keyword, ("x",)),
+    (through_two_helpers, ("x",)),
+    (shadowed_helper, ()),
+    (calls_itself, ()),
+    (one_of_two, ("y",)),
+    (two_of_two, ("x",)),
 ])
 def test_the_parameters_a_function_writes_into(func: Any, written: tuple[str, ...]) -> None:
     assert written_parameters(func) == written

@@ -1054,9 +1054,9 @@ def gpu(func: Callable[..., Any] | None = None, /, *, device: int | None = None,
       force: "cpu" or "gpu" for every call (``veda.force`` blocks take precedence).
       fallback: "cpu" or "raise", overriding ``Config.fallback``.
       writes: names of array parameters the function modifies in place; after a GPU run they
-        are copied back into the caller's arrays. Parameters the function's own code writes
-        into (``x -= m``, ``x[i] = v``, ``out=x``; docs/offload.md, Mutation) are copied back
-        without being named; name those a helper it calls writes into.
+        are copied back into the caller's arrays. Parameters the function's code writes into
+        (``x -= m``, ``x[i] = v``, ``out=x``, and in helpers it calls by name; docs/offload.md,
+        Mutation) are copied back without being named; name those a method writes into.
       returns: "host" (NumPy results) or "device" (CuPy arrays kept on the device).
       idempotent: False for a function that must not run twice (it appends to a file, sends a
         message): a GPU failure then raises OffloadError instead of re-running on the CPU.

@@ -1,4 +1,4 @@
-"""The parameters a function's own code may write into in place, read from its source.
+"""The parameters a function's code may write into in place, read from its source.
 
 On the CPU path a function that writes into an argument array (``x -= x.mean()``,
 ``x[x < 0] = 0``, ``np.clip(x, 0, 1, out=x)``, ``x.sort()``) changes the caller's array; on
@@ -21,8 +21,11 @@ np.asarray(x)``, ``for row in x``):
 
 Names are followed in order through assignments, branches and loops (a name rebound to a new
 array, ``x = x - x.mean()``, no longer holds the parameter; after ``if``/``else`` it holds what
-either branch left), and into functions defined inside. What this cannot see, and so does not
-copy back: writes made by other functions the array is passed to, writes into the arrays in
+either branch left), into functions defined inside, and into the helpers called by name
+(``normalise(x)``: a function in the module's globals, not NumPy's, SciPy's, CuPy's or
+vedart's), ``HELPER_DEPTH`` calls deep, whose parameters written into are what the call passes
+them. What this cannot see, and so does not copy back: writes made by methods and by functions
+reached otherwise (``obj.fill(x)``, ``module.fill(x)``, one passed in), writes into the arrays in
 a list, dict or tuple argument (its items are not parameters), changes of an array's shape or
 dtype (``x.shape = s``, ``x.resize(n)``), and functions without source (made by ``exec``, or a
 lambda sharing its line with another).
@@ -60,6 +63,9 @@ VIEW_FUNCTIONS = frozenset({
 # NumPy's ufuncs by name, with how many inputs each takes: the positions after are outputs.
 UFUNC_INPUTS = {name: value.nin for name, value in vars(np).items()
                 if isinstance(value, np.ufunc)}
+HELPER_DEPTH = 3  # calls below the function whose helpers' writes are followed
+# Packages whose functions are not read as helpers: their writes are the calls listed above.
+LIBRARIES = frozenset({"numpy", "scipy", "cupy", "cupyx", "vedart"})
 _TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))  # (try/except* from Python 3.11)
 _LOOP_PASSES = 8  # a loop body is walked until what its names hold stops growing, at most
 
@@ -68,19 +74,33 @@ _NOTHING: frozenset[str] = frozenset()
 
 
 def written_parameters(func: object) -> tuple[str, ...]:
-    """The names of ``func``'s parameters that its own code may write into in place (see the
-    module docstring), in signature order; ``()`` for anything but a plain Python function
-    with source."""
+    """The names of ``func``'s parameters that its own code, or a helper it calls by name,
+    may write into in place (see the module docstring), in signature order; ``()`` for
+    anything but a plain Python function with source. Never raises: what cannot be read is
+    taken as writing nothing."""
     if type(func) is not types.FunctionType:
         return ()
+    try:
+        return _written(func, HELPER_DEPTH, set())
+    except Exception:  # noqa: BLE001  # (RecursionError of a deep tree, an odd source file)
+        return ()
+
+
+def _written(func: types.FunctionType, depth: int, reading: set[types.CodeType]
+             ) -> tuple[str, ...]:
+    """:func:`written_parameters` of ``func``, following helpers ``depth`` calls deeper;
+    ``reading``: the code of the functions being read (a helper calling back is not read
+    again)."""
     node = _definition(func)
     if node is None:
         return ()
     parameters = [argument.arg for argument in (
         *node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)]
-    finder = _Writes()
+    reading.add(func.__code__)
+    finder = _Writes(func, depth, reading)
     finder.body(node.body if isinstance(node.body, list) else [ast.Expr(node.body)],
                 {name: frozenset({name}) for name in parameters})
+    reading.discard(func.__code__)
     return tuple(name for name in parameters if name in finder.written)
 
 
@@ -119,11 +139,16 @@ def _join(first: _Holds, second: _Holds) -> _Holds:
 
 
 class _Writes:
-    """Walks a function's statements in order with what each name may hold, collecting the
-    parameters written into (``written``)."""
+    """Walks ``func``'s statements in order with what each name may hold, collecting the
+    parameters written into (``written``), and reading the helpers it calls by name
+    ``depth`` calls deeper."""
 
-    def __init__(self) -> None:
+    def __init__(self, func: types.FunctionType, depth: int,
+                 reading: set[types.CodeType]) -> None:
         self.written: set[str] = set()
+        self._func = func
+        self._depth = depth
+        self._reading = reading
 
     def body(self, statements: Iterable[ast.stmt], holds: _Holds) -> _Holds:
         for statement in statements:
@@ -301,3 +326,27 @@ class _Writes:
         if inputs is not None:
             for output in node.args[inputs:]:
                 self.written.update(self.held(output, holds))
+        if isinstance(function, ast.Name):
+            self.helper(function.id, node, holds)
+
+    def helper(self, name: str, node: ast.Call, holds: _Holds) -> None:
+        """Note the writes of the helper ``name`` (a module-level function of the user's,
+        found in ``func``'s globals) into what this call passes it."""
+        code = self._func.__code__
+        helper = self._func.__globals__.get(name)
+        if self._depth <= 0 or name in code.co_varnames or name in code.co_freevars or \
+                type(helper) is not types.FunctionType or helper.__code__ in self._reading or \
+                str(getattr(helper, "__module__", "")).partition(".")[0] in LIBRARIES:
+            return
+        written = _written(helper, self._depth - 1, self._reading)
+        if not written:
+            return
+        positional = helper.__code__.co_varnames[:helper.__code__.co_argcount]
+        for index, argument in enumerate(node.args):
+            if isinstance(argument, ast.Starred):
+                break
+            if index < len(positional) and positional[index] in written:
+                self.written.update(self.held(argument, holds))
+        for keyword in node.keywords:
+            if keyword.arg in written:
+                self.written.update(self.held(keyword.value, holds))
