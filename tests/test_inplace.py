@@ -3,12 +3,13 @@ the GPU path copies those arguments back, as the CPU path leaves them written.""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 import pytest
 
-from vedart.offload.inplace import written_parameters
+from vedart.offload.inplace import found_writes
 
 
 def centre(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -204,6 +205,101 @@ def two_of_two(x: np.ndarray, y: np.ndarray) -> None:
     x += 1
 
 
+def reshaped_by_function(x: np.ndarray) -> None:
+    y = np.reshape(x, (-1,))
+    y[:3] = 0
+
+
+def transposed_by_function(x: np.ndarray) -> None:
+    np.transpose(x)[0] = 1
+
+
+def enumerated_rows(x: np.ndarray) -> None:
+    for _, row in enumerate(x):
+        row /= row.sum()
+
+
+def zipped_rows(x: np.ndarray, w: np.ndarray) -> None:
+    for row, weight in zip(x, w):
+        row *= weight
+
+
+def rows_in_a_comprehension(x: np.ndarray) -> list[None]:
+    return [row.sort() for row in x]
+
+
+def split_halves(x: np.ndarray) -> None:
+    first, _ = np.split(x, 2)
+    first *= 2
+
+
+def nan_to_num_in_place(x: np.ndarray, y: np.ndarray) -> None:
+    np.nan_to_num(x, copy=False)
+    np.nan_to_num(y)
+
+
+def filtered_into(x: np.ndarray, filters: Any) -> None:
+    filters.gaussian_filter(x, 2.0, output=x)
+
+
+def outputs_by_position(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> None:
+    np.clip(x, 0.0, 1.0, x)
+    np.dot(y, y, z)
+
+
+def copy_by_keyword(x: np.ndarray, v: np.ndarray) -> None:
+    np.copyto(dst=x, src=v)
+
+
+def walrus(x: np.ndarray) -> None:
+    if (first := x[0]) is not None:
+        first[:] = 0
+
+
+def in_a_dict(x: np.ndarray) -> None:
+    held = {"x": x}
+    held["x"][:] = 0
+
+
+def local_helper(x: np.ndarray, y: np.ndarray) -> None:
+    def clear(r: np.ndarray) -> None:
+        r[:] = 0
+
+    clear(x)
+    clear(y.copy())
+
+
+def else_after_a_break(x: np.ndarray, steps: int) -> None:
+    for _ in range(steps):
+        break
+    else:
+        x = x.copy()
+    x += 1  # the caller's x when the loop broke
+
+
+def masked_copies(x: np.ndarray) -> float:
+    valid = x[~np.isnan(x)]
+    valid -= valid.mean()
+    positive = x[x > 0]
+    positive *= 2
+    picked = x[[0, 2]]
+    picked += 1
+    return float(valid.sum())
+
+
+def puts(x: np.ndarray, index: np.ndarray, values: np.ndarray, queue: Any) -> None:
+    x.put(index, values)
+    queue.put(values)
+
+
+def a_method_named_like_a_ufunc(x: np.ndarray, counter: Any) -> None:
+    counter.add(x, 1, x)
+
+
+def written_parameters(func: Any) -> tuple[str, ...]:
+    return found_writes(func).names
+
+
 @pytest.mark.parametrize(("func", "written"), [
     (centre, ("x",)),
     (centre_a_copy, ()),
@@ -242,6 +338,23 @@ def two_of_two(x: np.ndarray, y: np.ndarray) -> None:
     (calls_itself, ()),
     (one_of_two, ("y",)),
     (two_of_two, ("x",)),
+    (reshaped_by_function, ("x",)),
+    (transposed_by_function, ("x",)),
+    (enumerated_rows, ("x",)),
+    (zipped_rows, ("x",)),
+    (rows_in_a_comprehension, ("x",)),
+    (split_halves, ("x",)),
+    (nan_to_num_in_place, ("x",)),
+    (filtered_into, ("x",)),
+    (outputs_by_position, ("x", "z")),
+    (copy_by_keyword, ("x",)),
+    (walrus, ("x",)),
+    (in_a_dict, ("x",)),
+    (local_helper, ("x",)),
+    (else_after_a_break, ("x",)),
+    (masked_copies, ()),
+    (puts, ("x", "queue")),  # (only arrays are copied back: the queue is not one)
+    (a_method_named_like_a_ufunc, ()),
 ])
 def test_the_parameters_a_function_writes_into(func: Any, written: tuple[str, ...]) -> None:
     assert written_parameters(func) == written
@@ -255,8 +368,45 @@ def test_lambdas_methods_and_what_has_no_source() -> None:
             x /= np.linalg.norm(x)
 
     assert written_parameters(Model.normalise) == ("x",)
-    assert written_parameters(Model().normalise) == ()  # a bound method: not a plain function
+    assert written_parameters(Model().normalise) == ("x",)  # the function the method runs
+    assert written_parameters(functools.partial(centre, y=None)) == ("x",)
+
+    def logged(func: Any) -> Any:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return func(*args, **kwargs)
+        return wrapper
+
+    assert written_parameters(logged(centre)) == ("x",)  # the function the wrapper runs
     namespace: dict[str, Any] = {}
     exec("def made(x):\n    x += 1\n", namespace)  # no source to read
     assert written_parameters(namespace["made"]) == ()
     assert written_parameters(np.add) == ()
+
+
+def layout_step(x: np.ndarray) -> None:
+    flat = x.reshape(-1)
+    flat -= flat.mean()
+
+
+def contiguous_first(x: np.ndarray) -> None:
+    x = np.ascontiguousarray(x)
+    x[x < 0] = 0
+
+
+def converted_first(x: np.ndarray, y: np.ndarray) -> None:
+    x = np.asarray(x, dtype=np.float64)
+    x -= np.median(x)
+    y.ravel()[0] = 0
+    y[0] = 1
+
+
+def test_writes_through_a_step_that_copies_for_layout_are_told_apart() -> None:
+    """``x.reshape(-1)`` copies a non-contiguous ``x`` on the CPU, where the device copy
+    (contiguous) is reshaped as a view: such writes are ``through_copies``."""
+    for func in (layout_step, contiguous_first):
+        found = found_writes(func)
+        assert found.names == ("x",) and found.through_copies == {"x"}
+    found = found_writes(converted_first)
+    assert found.names == ("x", "y") and found.through_copies == {"x"}
+    assert found.code is converted_first.__code__

@@ -514,6 +514,50 @@ def test_arguments_the_code_writes_into_are_checked_as_writes_arguments() -> Non
     np.testing.assert_allclose(a, before - before.mean())
 
 
+def test_writes_are_found_again_when_the_code_is_replaced() -> None:
+    """A reload in place (IPython's autoreload) gives the function new code."""
+    fake_gpu()
+
+    def reads(x: np.ndarray, y: np.ndarray) -> float:
+        return float(y.max())
+
+    def writes(x: np.ndarray, y: np.ndarray) -> float:
+        x[0] = 0
+        return float(y.max())
+
+    decorated = veda.gpu(reads)
+    other = np.random.default_rng(20).random(1_000_000)
+    assert decorated.explain(big(8_000_000), other).path == "gpu"
+    reads.__code__ = writes.__code__
+    assert decorated.explain(big(8_000_000), other).reason == \
+        "argument 'x', which the function writes into in place, is read-only"
+
+
+def test_writes_through_a_layout_step_keep_strided_and_byte_swapped_arguments_on_cpu() -> None:
+    """``x.reshape(-1)`` of a strided ``x`` is a copy on the CPU (the caller's array stays as
+    it was) and a view of the contiguous device copy on the GPU: copying that back would
+    change the caller's array where NumPy does not."""
+    fake_gpu()
+
+    @veda.gpu
+    def centre_flat(x: np.ndarray) -> float:
+        flat = x.reshape(-1)
+        flat -= flat.mean()
+        return float(flat[0])
+
+    data = np.random.default_rng(19).random((1000, 600))
+    assert centre_flat.explain(data).path == "gpu"
+    assert centre_flat.explain(np.asfortranarray(data)).path == "gpu"
+    reason = ("argument 'x' is {}, and the function writes into it through a step that "
+              "copies it on the CPU but not on the device (reshape, ravel, asarray, ...)")
+    assert centre_flat.explain(data[:, :300]).reason == reason.format("strided")
+    assert centre_flat.explain(data.astype(">f8")).reason == reason.format("byte-swapped")
+    strided = data[:, :300]
+    before = strided.copy()
+    centre_flat(strided)  # on the CPU: the reshape copied, as NumPy does
+    np.testing.assert_array_equal(strided, before)
+
+
 # --- telemetry ------------------------------------------------------------------------------
 
 def test_report_lists_functions_with_last_reason(capsys: pytest.CaptureFixture[str]) -> None:

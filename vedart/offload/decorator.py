@@ -83,7 +83,7 @@ from vedart.offload.failures import (
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
 from vedart.offload.imports import SET_ASIDE_AT_MOST, imported_since, imports_so_far
-from vedart.offload.inplace import written_parameters
+from vedart.offload.inplace import FoundWrites, analysed_function, found_writes
 from vedart.offload.linalg_status import raise_errors_here
 from vedart.offload.results import (
     HOST_LEAVES,
@@ -267,6 +267,10 @@ class _Offload:
         # holds any, ``_signature`` binds them to a call's arguments.
         self._signature: inspect.Signature | None = None
         self.writes: tuple[str, ...] | None = None
+        # What was read from the code of the function that runs: read again when that
+        # function's code is replaced, as a reload in place does.
+        self._found = FoundWrites()
+        self._analysed = analysed_function(func)
         if options.writes:
             signature = inspect.signature(func)
             unknown = [n for n in options.writes if n not in signature.parameters]
@@ -468,7 +472,8 @@ class _Offload:
                 return Decision("cpu", f"GPU failed before for arguments {facts.signature} "
                                        f"({failure}); the CPU ran them", model=decision.model)
         if decision.path == "gpu":
-            if self.writes is None:
+            if self.writes is None or (self._analysed is not None and
+                                       self._found.code is not self._analysed.__code__):
                 self._find_writes()
             if self.writes:
                 problem = self._writes_problem(args, kwargs)
@@ -477,9 +482,10 @@ class _Offload:
         return decision
 
     def _find_writes(self) -> None:
-        """Set ``writes``: the ``writes=`` names, then the parameters the function's own code
-        writes into in place (:func:`~vedart.offload.inplace.written_parameters`)."""
-        found = written_parameters(self.func)
+        """Set ``writes``: the ``writes=`` names, then the parameters the function's code
+        writes into in place (:func:`~vedart.offload.inplace.found_writes`)."""
+        self._found = found_writes(self.func)
+        found = self._found.names
         signature = self._signature
         if found and signature is None:
             try:
@@ -517,6 +523,15 @@ class _Offload:
                 return f"{what} is a {type(value).__name__}, not an ndarray"
             if not value.flags.writeable:
                 return f"{what} is read-only"
+            if name in self._found.through_copies and not stated and not (
+                    (value.flags.c_contiguous or value.flags.f_contiguous) and
+                    value.dtype.isnative):
+                # Its device copy is contiguous and native: what copies the caller's array
+                # on the CPU (x.reshape(-1)) would be a view of it there.
+                layout = "strided" if value.dtype.isnative else "byte-swapped"
+                return (f"argument {name!r} is {layout}, and the function writes into it "
+                        "through a step that copies it on the CPU but not on the device "
+                        "(reshape, ravel, asarray, ...)")
             # Each argument goes to the device as a copy of its own, so a write through one
             # would not show through the other there, as it does on the CPU.
             if sum(np.may_share_memory(value, array) for array in arrays) > 1:

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vedart.errors import OffloadError, OffloadWarning
-from vedart.offload.inplace import written_parameters
+from vedart.offload.inplace import found_writes
 from vedart.parallel.byte_ring import ByteRing, aligned
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def function_payload(wrapper: Any) -> bytes | None:
     options = getattr(wrapper, "gpu_options", None)
     if getattr(function, "__module__", "__main__") == "__main__" or (options is not None and (
             options.writes or options.returns == "device" or options.device is not None)) \
-            or written_parameters(function):
+            or found_writes(function).names:
         return None
     for candidate in (wrapper, (function, options)):
         try:
