@@ -489,8 +489,18 @@ def rebound_first(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def scale_rows(m: np.ndarray, by: np.ndarray) -> None:
+    for _, row in enumerate(m):
+        row *= by[: len(row)]
+
+
+def through_a_helper(x: np.ndarray) -> float:
+    scale_rows(np.reshape(x, (-1, 600)), np.linspace(0.5, 1.5, 600))
+    return float(x[0, 0])
+
+
 @pytest.mark.parametrize("func", [centre, zero_the_negatives, clip_into, sort_the_rows,
-                                  row_by_row, rebound_first])
+                                  row_by_row, rebound_first, through_a_helper])
 def test_arguments_written_in_place_end_as_numpy_leaves_them(func: Any) -> None:
     """NumPy code that writes into its argument (``x -= x.mean()``) changes the caller's
     array on the CPU: on the GPU path the device copy is copied back, with no ``writes=``,
