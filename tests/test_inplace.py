@@ -4,10 +4,14 @@ the GPU path copies those arguments back, as the CPU path leaves them written.""
 from __future__ import annotations
 
 import functools
+import inspect
+import tokenize
 from typing import Any
 
 import numpy as np
 import pytest
+
+import vedart as veda
 
 from vedart.offload.inplace import found_writes
 
@@ -377,7 +381,8 @@ def test_lambdas_methods_and_what_has_no_source() -> None:
             return func(*args, **kwargs)
         return wrapper
 
-    assert written_parameters(logged(centre)) == ("x",)  # the function the wrapper runs
+    assert written_parameters(logged(centre)) == ()  # a wrapper may change what it passes on
+    assert written_parameters(veda.gpu(centre)) == ("x",)  # vedart's passes it on
     namespace: dict[str, Any] = {}
     exec("def made(x):\n    x += 1\n", namespace)  # no source to read
     assert written_parameters(namespace["made"]) == ()
@@ -394,19 +399,98 @@ def contiguous_first(x: np.ndarray) -> None:
     x[x < 0] = 0
 
 
-def converted_first(x: np.ndarray, y: np.ndarray) -> None:
-    x = np.asarray(x, dtype=np.float64)
-    x -= np.median(x)
-    y.ravel()[0] = 0
-    y[0] = 1
+def swapped_buffers(u: np.ndarray, u_new: np.ndarray, steps: int) -> np.ndarray:
+    for _ in range(steps):
+        u_new[1:-1] = u[1:-1] + 0.1 * (u[:-2] - 2 * u[1:-1] + u[2:])
+        u, u_new = u_new, u
+    return u
 
 
-def test_writes_through_a_step_that_copies_for_layout_are_told_apart() -> None:
-    """``x.reshape(-1)`` copies a non-contiguous ``x`` on the CPU, where the device copy
-    (contiguous) is reshaped as a view: such writes are ``through_copies``."""
-    for func in (layout_step, contiguous_first):
-        found = found_writes(func)
-        assert found.names == ("x",) and found.through_copies == {"x"}
-    found = found_writes(converted_first)
-    assert found.names == ("x", "y") and found.through_copies == {"x"}
-    assert found.code is converted_first.__code__
+def interior(u: np.ndarray) -> np.ndarray:
+    return u[1:-1, 1:-1]
+
+
+def through_a_returned_view(u: np.ndarray, v: np.ndarray) -> None:
+    interior(u)[...] = 0
+    inner = interior(v.copy())
+    inner += 1
+
+
+def imports_inside(x: np.ndarray) -> None:
+    import numpy as numpy_inside
+
+    numpy_inside.fill_diagonal(x, 0)
+
+
+def collected(x: np.ndarray, y: np.ndarray) -> None:
+    bufs = []
+    bufs.append(x)
+    bufs[0][:] = 0
+    held = {"y": y}
+    for value in held.values():
+        value += 1
+
+
+def lambda_bound_to_a_name(x: np.ndarray) -> None:
+    clear = lambda a: a.fill(0)  # noqa: E731
+    clear(x)
+
+
+def integer_inverted(x: np.ndarray, k: int) -> None:
+    row = x[~k]
+    row[:] = 0
+
+
+def not_in_place_byteswap(x: np.ndarray, y: np.ndarray) -> None:
+    x.byteswap()
+    y.byteswap(inplace=True)
+
+
+@veda.gpu
+def decorated_helper(a: np.ndarray) -> None:
+    a /= a.sum()
+
+
+def calls_a_decorated_helper(x: np.ndarray) -> float:
+    decorated_helper(x)
+    return float(x.max())
+
+
+@pytest.mark.parametrize(("func", "written"), [
+    (layout_step, ("x",)),
+    (contiguous_first, ("x",)),
+    (swapped_buffers, ("u", "u_new")),
+    (through_a_returned_view, ("u",)),
+    (imports_inside, ("x",)),
+    (collected, ("x", "y")),
+    (lambda_bound_to_a_name, ("x",)),
+    (integer_inverted, ("x",)),
+    (not_in_place_byteswap, ("y",)),
+    (calls_a_decorated_helper, ("x",)),
+])
+def test_swaps_returned_views_imports_and_containers(func: Any,
+                                                     written: tuple[str, ...]) -> None:
+    assert written_parameters(func) == written
+
+
+def edited_since_import(a: np.ndarray) -> None:
+    a[0] = 1
+
+
+def writes_and_calls(x: np.ndarray, y: np.ndarray) -> None:
+    x -= 1
+    edited_since_import(y)
+
+
+def test_a_helper_that_cannot_be_read_leaves_the_functions_own_writes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper whose file was edited since import: reading it raises (a TokenError)."""
+    read = inspect.getsource
+
+    def getsource(func: Any) -> str:
+        if func is edited_since_import:
+            raise tokenize.TokenError("EOF in multi-line string", (1, 0))
+        return read(func)
+
+    monkeypatch.setattr(inspect, "getsource", getsource)
+    assert written_parameters(writes_and_calls) == ("x",)

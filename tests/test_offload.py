@@ -533,10 +533,11 @@ def test_writes_are_found_again_when_the_code_is_replaced() -> None:
         "argument 'x', which the function writes into in place, is read-only"
 
 
-def test_writes_through_a_layout_step_keep_strided_and_byte_swapped_arguments_on_cpu() -> None:
-    """``x.reshape(-1)`` of a strided ``x`` is a copy on the CPU (the caller's array stays as
-    it was) and a view of the contiguous device copy on the GPU: copying that back would
-    change the caller's array where NumPy does not."""
+def test_strided_and_byte_swapped_arguments_written_into_stay_on_cpu() -> None:
+    """The device copy of a strided or byte-swapped argument is contiguous and native. Code
+    that copies such an array on the CPU (``x.reshape(-1)``) or tests it (``if not
+    x.dtype.isnative: x = x.astype(...)``) would write into the device copy where NumPy
+    writes into a copy of its own, and copying that back would change the caller's array."""
     fake_gpu()
 
     @veda.gpu
@@ -545,17 +546,25 @@ def test_writes_through_a_layout_step_keep_strided_and_byte_swapped_arguments_on
         flat -= flat.mean()
         return float(flat[0])
 
+    @veda.gpu
+    def rescale(image: np.ndarray) -> None:
+        if image.dtype != np.float64:
+            image = image.astype(np.float64)
+        image -= image.min()
+
     data = np.random.default_rng(19).random((1000, 600))
     assert centre_flat.explain(data).path == "gpu"
     assert centre_flat.explain(np.asfortranarray(data)).path == "gpu"
-    reason = ("argument 'x' is {}, and the function writes into it through a step that "
-              "copies it on the CPU but not on the device (reshape, ravel, asarray, ...)")
-    assert centre_flat.explain(data[:, :300]).reason == reason.format("strided")
-    assert centre_flat.explain(data.astype(">f8")).reason == reason.format("byte-swapped")
-    strided = data[:, :300]
-    before = strided.copy()
+    found = "argument '{}', which the function writes into in place, is {} (its device copy " \
+            "would not be)"
+    assert centre_flat.explain(data[:, :300]).reason == found.format("x", "strided")
+    assert rescale.explain(data.astype(">f8")).reason == found.format("image", "byte-swapped")
+    strided, swapped = data[:, :300], data.astype(">f8")
+    strided_before, swapped_before = strided.copy(), swapped.copy()
     centre_flat(strided)  # on the CPU: the reshape copied, as NumPy does
-    np.testing.assert_array_equal(strided, before)
+    rescale(swapped)  # on the CPU: astype copied
+    np.testing.assert_array_equal(strided, strided_before)
+    np.testing.assert_array_equal(swapped, swapped_before)
 
 
 # --- telemetry ------------------------------------------------------------------------------

@@ -263,8 +263,9 @@ class _Offload:
             self._own_signature = None
         # The parameters copied back after a GPU run: the ``writes=`` names and those the
         # function's code writes into, found at its first GPU decision (reading its source
-        # takes a millisecond, and most calls stay on the CPU); None until then. Once it
-        # holds any, ``_signature`` binds them to a call's arguments.
+        # and its helpers' takes milliseconds, tens for long code, and most calls stay on
+        # the CPU); None until then. Once it holds any, ``_signature`` binds them to a
+        # call's arguments.
         self._signature: inspect.Signature | None = None
         self.writes: tuple[str, ...] | None = None
         # What was read from the code of the function that runs: read again when that
@@ -523,15 +524,14 @@ class _Offload:
                 return f"{what} is a {type(value).__name__}, not an ndarray"
             if not value.flags.writeable:
                 return f"{what} is read-only"
-            if name in self._found.through_copies and not stated and not (
-                    (value.flags.c_contiguous or value.flags.f_contiguous) and
-                    value.dtype.isnative):
-                # Its device copy is contiguous and native: what copies the caller's array
-                # on the CPU (x.reshape(-1)) would be a view of it there.
+            if not stated and not ((value.flags.c_contiguous or value.flags.f_contiguous) and
+                                   value.dtype.isnative):
+                # Its device copy is contiguous and native: code that copies the caller's
+                # array on the CPU for its layout (x.reshape(-1)), or tests it
+                # (x.dtype.isnative), could write into the device copy where NumPy writes
+                # into a copy of its own.
                 layout = "strided" if value.dtype.isnative else "byte-swapped"
-                return (f"argument {name!r} is {layout}, and the function writes into it "
-                        "through a step that copies it on the CPU but not on the device "
-                        "(reshape, ravel, asarray, ...)")
+                return f"{what} is {layout} (its device copy would not be)"
             # Each argument goes to the device as a copy of its own, so a write through one
             # would not show through the other there, as it does on the CPU.
             if sum(np.may_share_memory(value, array) for array in arrays) > 1:

@@ -8,7 +8,8 @@ the GPU path copies those arguments back, as it does for ``writes=``.
 What counts as a write into a parameter ``x``, or into a name that may hold ``x`` or a view of
 it at that point (``y = x``, ``y = x[1:]``, ``y = x.T``, ``y = np.reshape(x, ...)``, ``a, b =
 np.split(x, 2)``, ``y = np.asarray(x)``, ``for row in x``, ``for i, row in enumerate(x)``,
-``[row.sort() for row in x]``, ``d = {"x": x}``):
+``[row.sort() for row in x]``, ``d = {"x": x}``, ``bufs.append(x)``, ``y = interior(x)`` of
+a helper returning a view of what it is passed):
 
 - an augmented assignment to the name (``x += 1``: in place for an array);
 - an assignment into an item or slice of it, or to an attribute that writes into an array
@@ -18,30 +19,28 @@ np.split(x, 2)``, ``y = np.asarray(x)``, ``for row in x``, ``for i, row in enume
   position (``np.multiply(y, 2, x)``) and the ``out`` position of ``np.dot``, ``np.clip``,
   ``np.round``, ``np.cumsum`` and the reductions (``np.clip(x, 0, 1, x)``);
 - a method that changes an array's values (``x.sort()``, ``x.fill(0)``, ``x.put(i, v)``,
-  ...); a NumPy function that changes its first argument (``np.copyto(x, v)``,
-  ``np.copyto(dst=x, src=v)``, ``np.put``, ``np.place``, ``np.putmask``,
-  ``np.fill_diagonal``, ``np.put_along_axis``, ``np.add.at(x, i, v)``), a generator's
-  ``shuffle(x)``, and ``np.nan_to_num(x, copy=False)``;
-- a helper called by name (a function of the module's or imported by name, not NumPy's,
-  SciPy's, CuPy's or vedart's; ``HELPER_DEPTH`` calls deep) or defined inside, writing into
-  the parameter the call passes the array to.
+  ``x.byteswap(inplace=True)``, ...); a NumPy function that changes its first argument
+  (``np.copyto(x, v)``, ``np.copyto(dst=x, src=v)``, ``np.put``, ``np.place``,
+  ``np.putmask``, ``np.fill_diagonal``, ``np.put_along_axis``, ``np.add.at(x, i, v)``), a
+  generator's ``shuffle(x)``, and ``np.nan_to_num(x, copy=False)``;
+- a helper called by name (a function of the module's or imported by name, decorated with
+  ``@veda.gpu`` or not, but not NumPy's, SciPy's, CuPy's or vedart's; ``HELPER_DEPTH`` calls
+  deep) or defined inside (a ``def``, or a lambda bound to a name), writing into the
+  parameter the call passes the array to.
 
-Names are followed in order through assignments (``:=`` too), branches and loops: a name
-rebound to a new array (``x = x - x.mean()``) no longer holds the parameter, an index that
-copies (``v = x[x > 0]``, ``x[[0, 2]]``, ``x[~m]``) holds none, and after ``if``/``else`` a
-name holds what either branch left.
-
-A step that copies an array only for its layout (``x.reshape(-1)``, ``np.ravel``,
-``np.ascontiguousarray``, ``np.asarray(x, dtype=...)``, ``x.astype(t, copy=False)``) copies a
-non-contiguous or byte-swapped argument on the CPU, where its device copy (contiguous and in
-native byte order) is not copied: parameters written into only through such a step are
-``through_copies``, and the GPU path leaves calls with such arguments on the CPU.
+Names are followed in order through assignments (``:=`` too, and ``a, b = b, a``), branches
+and loops: a name rebound to a new array (``x = x - x.mean()``) no longer holds the
+parameter, an index that copies (``v = x[x > 0]``, ``x[[0, 2]]``, ``x[~np.isnan(x)]``) holds
+none, and after ``if``/``else`` a name holds what either branch left.
 
 What this cannot see, and so does not copy back: writes made by methods and by functions
-reached otherwise (``obj.fill(x)``, ``module.fill(x)``, one passed in), writes into the arrays
-in a list, dict or tuple argument (its items are not parameters), changes of an array's shape
-or dtype (``x.shape = s``, ``x.resize(n)``), and functions without source (made by ``exec``,
-or a lambda sharing its line with another).
+reached otherwise (``obj.fill(x)``, ``module.fill(x)``, one passed in, or held by a default
+or ``*args``), writes into the arrays in a list, dict or tuple argument (its items are not
+parameters), changes of an array's shape or dtype (``x.shape = s``, ``x.resize(n)``), the
+writes of a function wrapped by another decorator than vedart's, and functions without
+source (made by ``exec``, or a lambda sharing its line with another). A helper that cannot
+be read (its file edited since import) is taken as writing nothing; the function's own
+writes stand.
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ import ast
 import builtins
 import functools
 import inspect
+import sys
 import textwrap
 import types
 from collections.abc import Iterable
@@ -59,8 +59,7 @@ from typing import Any
 import numpy as np
 
 # Array methods that change the array they are called on.
-MUTATING_METHODS = frozenset({
-    "sort", "fill", "put", "itemset", "partition", "setfield", "byteswap"})
+MUTATING_METHODS = frozenset({"sort", "fill", "put", "itemset", "partition", "setfield"})
 # NumPy functions that change their first argument, with its keyword name.
 FIRST_ARGUMENT_WRITERS = {
     "copyto": "dst", "put": "a", "place": "arr", "putmask": "a", "fill_diagonal": "a",
@@ -75,57 +74,70 @@ POSITIONAL_OUT = {
 WRITABLE_ATTRIBUTES = frozenset({"real", "imag", "flat"})
 # Attributes and methods of an array that are views of it.
 VIEW_ATTRIBUTES = frozenset({"T", "mT", "real", "imag", "flat"})
-VIEW_METHODS = frozenset({"view", "transpose", "swapaxes", "squeeze", "diagonal", "getfield"})
-# Methods and NumPy functions that copy an array only for its layout or dtype (see the
-# module docstring): the argument itself where nothing needs copying.
-LAYOUT_METHODS = frozenset({"reshape", "ravel"})
-LAYOUT_FUNCTIONS = frozenset({
-    "asarray", "asanyarray", "ascontiguousarray", "asfortranarray", "require", "reshape",
-    "ravel"})
-# NumPy functions whose results are views of their first argument.
+VIEW_METHODS = frozenset({
+    "view", "transpose", "swapaxes", "squeeze", "diagonal", "getfield", "reshape", "ravel"})
+# NumPy functions whose results may be their first argument or views of it.
 VIEW_FUNCTIONS = frozenset({
-    "transpose", "swapaxes", "moveaxis", "rollaxis", "squeeze", "expand_dims", "atleast_1d",
-    "atleast_2d", "atleast_3d", "real", "imag", "diagonal", "matrix_transpose",
+    "asarray", "asanyarray", "ascontiguousarray", "asfortranarray", "require", "reshape",
+    "ravel", "transpose", "swapaxes", "moveaxis", "rollaxis", "squeeze", "expand_dims",
+    "atleast_1d", "atleast_2d", "atleast_3d", "real", "imag", "diagonal", "matrix_transpose",
     "permute_dims", "split", "array_split", "hsplit", "vsplit", "dsplit", "flip", "flipud",
     "fliplr", "rot90", "broadcast_arrays"})
-# Builtins whose items are their arguments' items (rows of an array are views of it).
+# Builtins whose results hold their arguments' items (an array's rows are views of it).
 ITEM_BUILTINS = frozenset({
-    "enumerate", "zip", "reversed", "iter", "list", "tuple", "sorted", "filter", "next"})
-HELPER_DEPTH = 3  # calls below the function whose helpers' writes are followed
+    "enumerate", "zip", "reversed", "iter", "list", "tuple", "sorted", "filter", "next", "max",
+    "min", "dict"})
+# Methods of lists and dicts that hand out what they hold, and those that take in more.
+HOLDER_GETTERS = frozenset({"values", "items", "get", "pop", "setdefault"})
+HOLDER_ADDERS = frozenset({"append", "extend", "insert", "add", "update"})
+HELPER_DEPTH = 3  # calls below the function whose helpers are read
 # Packages whose functions are not read as helpers: their writes are the calls listed above.
 LIBRARIES = frozenset({"numpy", "scipy", "cupy", "cupyx", "vedart"})
 _TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))  # (try/except* from Python 3.11)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _LOOP_PASSES = 8  # a loop body is walked until what its names hold stops growing, at most
 _UNWRAP = 16  # partials, bound methods and wrappers looked through, at most
+_FOUND_KEPT = 1024  # functions whose writes are kept (found_writes)
 
-# What a name may hold: marks of the parameters it may be or be a view of, "x"; "~x" where a
-# layout step may have copied it (a device copy's would not have).
+# What a name may hold: the marks of the parameters it may be or be a view of (a parameter's
+# name; "@<definition>:<name>" for a parameter of a function defined inside).
 _Holds = dict[str, frozenset[str]]
 _NOTHING: frozenset[str] = frozenset()
-_COPIED = "~"
+_ABSENT = object()
 
 
 @dataclass(frozen=True)
 class FoundWrites:
     """What :func:`found_writes` found: ``names``, the parameters written into, in signature
-    order; ``through_copies``, those written into only through a layout step (see the module
-    docstring); ``code``, the code read (None: nothing read)."""
+    order; ``code``, the code read (None: nothing read)."""
 
     names: tuple[str, ...] = ()
-    through_copies: frozenset[str] = frozenset()
     code: types.CodeType | None = None
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What one function does with its parameters: those it writes into, those it may return
+    (or return a view of), and its positional ones in order."""
+
+    written: frozenset[str] = frozenset()
+    returned: frozenset[str] = frozenset()
+    positional: tuple[str, ...] = ()
+
+
+_FOUND: dict[types.CodeType, FoundWrites] = {}
 
 
 def analysed_function(func: object) -> types.FunctionType | None:
     """The plain function whose code runs for ``func``: ``func`` itself, or the function a
-    ``functools.partial``, a bound method or a ``functools.wraps`` wrapper runs."""
+    ``functools.partial``, a bound method or a ``@veda.gpu`` wrapper runs (another
+    decorator's wrapper may change what it passes on: it is not looked through)."""
     for _ in range(_UNWRAP):
         if isinstance(func, functools.partial):
             func = func.func
         elif isinstance(func, types.MethodType):
             func = func.__func__
-        elif type(func) is types.FunctionType and \
+        elif type(func) is types.FunctionType and hasattr(func, "gpu_options") and \
                 type(getattr(func, "__wrapped__", None)) is types.FunctionType:
             func = func.__wrapped__
         else:
@@ -136,34 +148,51 @@ def analysed_function(func: object) -> types.FunctionType | None:
 def found_writes(func: object) -> FoundWrites:
     """The parameters of the function ``func`` runs (:func:`analysed_function`) that its code
     may write into in place (see the module docstring). Never raises: what cannot be read is
-    taken as writing nothing."""
+    taken as writing nothing. Kept per code object: the source is read once."""
     function = analysed_function(func)
     if function is None:
         return FoundWrites()
+    code = function.__code__
+    found = _FOUND.get(code)
+    if found is None:
+        reading = _read(function, HELPER_DEPTH, {})
+        found = FoundWrites(tuple(name for name in _signature_names(code)
+                                  if name in reading.written), code)
+        if len(_FOUND) >= _FOUND_KEPT:
+            _FOUND.clear()
+        _FOUND[code] = found
+    return found
+
+
+def _signature_names(code: types.CodeType) -> tuple[str, ...]:
+    return code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+
+
+def _read(func: types.FunctionType, depth: int,
+          reading: dict[types.CodeType, _Reading | None]) -> _Reading:
+    """What ``func`` does with its parameters, reading its helpers ``depth`` calls deeper;
+    ``reading``: the functions read so far in this :func:`found_writes` (None while being
+    read: a helper calling back reads as doing nothing). A function that cannot be read
+    (no source, a file edited since import, a tree too deep) does nothing."""
+    code = func.__code__
+    if code in reading:
+        return reading[code] or _Reading()
+    reading[code] = None
     try:
-        written, copied = _written(function, HELPER_DEPTH, set())
-    except Exception:  # noqa: BLE001  # (RecursionError of a deep tree, an odd source file)
-        return FoundWrites(code=function.__code__)
-    return FoundWrites(written, frozenset(copied), function.__code__)
-
-
-def _written(func: types.FunctionType, depth: int, reading: set[types.CodeType]
-             ) -> tuple[tuple[str, ...], set[str]]:
-    """The parameters ``func`` writes into, and those of them written only through a layout
-    step, following helpers ``depth`` calls deeper; ``reading``: the code of the functions
-    being read (a helper calling back is not read again)."""
-    node = _definition(func)
-    if node is None:
-        return (), set()
-    parameters = _parameters(node)
-    reading.add(func.__code__)
-    finder = _Writes(func, depth, reading)
-    finder.body(node.body if isinstance(node.body, list) else [ast.Expr(node.body)],
-                {name: frozenset({name}) for name in parameters})
-    reading.discard(func.__code__)
-    written = tuple(name for name in parameters
-                    if name in finder.written or _COPIED + name in finder.written)
-    return written, {name for name in written if name not in finder.written}
+        node = _definition(func)
+        if node is None:
+            result = _Reading()
+        else:
+            finder = _Writes(func, depth, reading)
+            finder.returns(node, {name: frozenset({name}) for name in _parameters(node)})
+            positional = tuple(argument.arg for argument in (*node.args.posonlyargs,
+                                                             *node.args.args))
+            result = _Reading(frozenset(finder.written), frozenset(finder.returned),
+                              positional)
+    except Exception:  # noqa: BLE001  # (RecursionError, tokenize.TokenError, ...)
+        result = _Reading()
+    reading[code] = result
+    return result
 
 
 def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> list[str]:
@@ -198,32 +227,34 @@ def _called_name(node: ast.Call) -> str | None:
         function.id if isinstance(function, ast.Name) else None
 
 
-def _copied(marks: frozenset[str]) -> frozenset[str]:
-    """``marks`` as a layout step leaves them (maybe copied)."""
-    return frozenset(mark if mark.startswith(_COPIED) else _COPIED + mark for mark in marks)
+def _is_array_valued(node: ast.expr) -> bool:
+    """Whether ``node`` is certainly an array or list, not an integer (``x > 0``,
+    ``np.isnan(x)``, ``[0, 2]``)."""
+    return isinstance(node, (ast.Compare, ast.Call, ast.List, ast.ListComp))
 
 
 def _copies(index: ast.expr) -> bool:
     """Whether indexing with ``index`` certainly copies (a boolean mask or a list of
-    indices: ``x[x > 0]``, ``x[[0, 2]]``, ``x[~m]``, ``x[a & b]``); a name may be an
-    integer, so ``x[i]`` may be a view."""
+    indices: ``x[x > 0]``, ``x[[0, 2]]``, ``x[~np.isnan(x)]``, ``x[(a > 0) & (b > 0)]``); a
+    name, or ``~k`` of one, may be an integer, so ``x[i]`` may be a view."""
     if isinstance(index, ast.Tuple):
         return any(_copies(element) for element in index.elts)
-    return isinstance(index, (ast.Compare, ast.List, ast.ListComp)) or (
-        isinstance(index, ast.UnaryOp) and isinstance(index.op, (ast.Invert, ast.Not))) or (
-        isinstance(index, ast.BinOp) and isinstance(index.op, (ast.BitAnd, ast.BitOr,
-                                                               ast.BitXor)))
+    if isinstance(index, (ast.Compare, ast.List, ast.ListComp)):
+        return True
+    if isinstance(index, ast.UnaryOp) and isinstance(index.op, (ast.Invert, ast.Not)):
+        return _is_array_valued(index.operand)
+    if isinstance(index, ast.BinOp) and isinstance(index.op, (ast.BitAnd, ast.BitOr,
+                                                               ast.BitXor)):
+        return _is_array_valued(index.left) or _is_array_valued(index.right)
+    return False
 
 
-def _never_copies(node: ast.Call) -> bool:
-    copy = next((keyword.value for keyword in node.keywords if keyword.arg == "copy"), None)
-    return isinstance(copy, ast.Constant) and copy.value is False
+def _keyword(node: ast.Call, name: str) -> ast.expr | None:
+    return next((keyword.value for keyword in node.keywords if keyword.arg == name), None)
 
 
-def _asks_a_copy(node: ast.Call) -> bool:
-    copy = next((keyword.value for keyword in node.keywords if keyword.arg == "copy"), None)
-    return copy is not None and not (isinstance(copy, ast.Constant) and copy.value in (
-        False, None))
+def _is_false(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value is False
 
 
 def _join(first: _Holds, second: _Holds) -> _Holds:
@@ -235,17 +266,27 @@ def _join(first: _Holds, second: _Holds) -> _Holds:
 
 class _Writes:
     """Walks ``func``'s statements in order with what each name may hold, collecting the
-    marks written into (``written``), and reading the helpers it calls by name ``depth``
-    calls deeper."""
+    marks written into (``written``) and returned (``returned``), reading the helpers it
+    calls by name ``depth`` calls deeper."""
 
     def __init__(self, func: types.FunctionType, depth: int,
-                 reading: set[types.CodeType]) -> None:
+                 reading: dict[types.CodeType, _Reading | None]) -> None:
         self.written: set[str] = set()
+        self.returned: set[str] = set()
         self._func = func
         self._depth = depth
         self._reading = reading
-        # Functions defined inside: name -> (positional parameters, written, through copies).
-        self._inner: dict[str, tuple[tuple[str, ...], set[str], set[str]]] = {}
+        self._inner: dict[str, _Reading] = {}  # functions defined inside, by name
+        self._modules: dict[str, Any] = {}  # modules imported inside, by name
+
+    def returns(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
+                holds: _Holds) -> None:
+        """Walk a whole function (its body, or a lambda's expression, returned)."""
+        if isinstance(node, ast.Lambda):
+            self.scan(node.body, holds)
+            self.returned.update(self.held(node.body, holds))
+        else:
+            self.body(node.body, holds)
 
     def body(self, statements: Iterable[ast.stmt], holds: _Holds) -> _Holds:
         for statement in statements:
@@ -260,8 +301,11 @@ class _Writes:
             if node.value is None:
                 return holds
             self.scan(node.value, holds)
-            held = self.held(node.value, holds)
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if isinstance(node.value, ast.Lambda) and len(targets) == 1 and \
+                    isinstance(targets[0], ast.Name):
+                self._inner[targets[0].id] = self.inner(node.value, holds)
+            held = self.held(node.value, holds)
             for target in targets:
                 holds = self.assign(target, node.value, held, holds)
             return holds
@@ -302,7 +346,7 @@ class _Writes:
                 end = _join(end, self.body(case.body, holds))
             return end
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            self.inner(node, holds)
+            self._inner[node.name] = self.inner(node, holds)
             return {**holds, node.name: _NOTHING}
         if isinstance(node, ast.ClassDef):
             self.body(node.body, holds)
@@ -312,9 +356,44 @@ class _Writes:
                 if isinstance(target, ast.Name):
                     holds = {**holds, target.id: _NOTHING}
             return holds
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            return self.imported(node, holds)
+        if isinstance(node, ast.Return) and node.value is not None:
+            self.returned.update(self.held(node.value, holds))
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            holds = self.added(node.value, holds)
         for child in ast.iter_child_nodes(node):  # Expr, Return, Raise, Assert, ...
             if isinstance(child, ast.expr):
                 self.scan(child, holds)
+        return holds
+
+    def imported(self, node: ast.Import | ast.ImportFrom, holds: _Holds) -> _Holds:
+        """``holds`` after an import inside the function, whose modules (those loaded
+        already: nothing is imported here) calls are then resolved through."""
+        for alias in node.names:
+            bound = alias.asname or alias.name.partition(".")[0]
+            if isinstance(node, ast.Import):
+                module = sys.modules.get(alias.name if alias.asname else bound)
+            else:
+                source = sys.modules.get(node.module or "") if not node.level else None
+                module = None if source is None else vars(source).get(alias.name)
+            if module is not None:
+                self._modules[bound] = module
+            holds = {**holds, bound: _NOTHING}
+        return holds
+
+    def added(self, node: ast.Call, holds: _Holds) -> _Holds:
+        """``holds`` after ``bufs.append(x)`` and the like: the list or dict named holds what
+        was put in it too."""
+        function = node.func
+        if isinstance(function, ast.Attribute) and function.attr in HOLDER_ADDERS and \
+                isinstance(function.value, ast.Name):
+            name = function.value.id
+            added = frozenset().union(*(self.held(argument, holds)
+                                        for argument in (*node.args, *(
+                                            keyword.value for keyword in node.keywords))))
+            if added:
+                return {**holds, name: holds.get(name, _NOTHING) | added}
         return holds
 
     def loop(self, statements: list[ast.stmt], holds: _Holds) -> _Holds:
@@ -327,28 +406,27 @@ class _Writes:
         return holds
 
     def inner(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
-              holds: _Holds) -> None:
+              holds: _Holds) -> _Reading:
         """A function defined inside: it may write into what the names it closes over hold
-        when it runs (taken as what they hold where it is defined), and into what a call
-        passes it (kept for such calls, when it has a name)."""
+        when it runs (taken as what they hold where it is defined), noted as writes of this
+        function; what it writes into and returns of its own parameters is what a call of
+        it passes it."""
         own = _parameters(node)
         for extra in (node.args.vararg, node.args.kwarg):
             if extra is not None:
                 own.append(extra.arg)
         prefix = f"@{id(node)}:"  # its own parameters' marks, apart from the outer ones
         inside = {**holds, **{name: frozenset({prefix + name}) for name in own}}
-        if isinstance(node, ast.Lambda):
-            self.scan(node.body, inside)
-        else:
-            self.body(node.body, inside)
-        mine = {mark for mark in self.written if prefix in mark}
+        returned_before = set(self.returned)
+        self.returns(node, inside)
+        mine = {mark for mark in self.written if mark.startswith(prefix)}
         self.written -= mine
-        if not isinstance(node, ast.Lambda):
-            positional = tuple(argument.arg for argument in (*node.args.posonlyargs,
-                                                             *node.args.args))
-            self._inner[node.name] = (
-                positional, {mark.partition(":")[2] for mark in mine if mark[0] != _COPIED},
-                {mark.partition(":")[2] for mark in mine if mark[0] == _COPIED})
+        returned = {mark for mark in self.returned if mark.startswith(prefix)}
+        self.returned = returned_before  # (its returns are not this function's)
+        positional = tuple(argument.arg for argument in (*node.args.posonlyargs,
+                                                         *node.args.args))
+        return _Reading(frozenset(mark[len(prefix):] for mark in mine),
+                        frozenset(mark[len(prefix):] for mark in returned), positional)
 
     def assign(self, target: ast.expr, value: ast.expr | None, held: frozenset[str],
                holds: _Holds) -> _Holds:
@@ -360,14 +438,20 @@ class _Writes:
             parts = value.elts if isinstance(value, (ast.Tuple, ast.List)) and \
                 len(value.elts) == len(target.elts) and \
                 not any(isinstance(part, ast.Starred) for part in target.elts) else None
+            # Every value is read before any target is bound: a, b = b, a.
+            helds = [held] * len(target.elts) if parts is None else \
+                [self.held(part, holds) for part in parts]
             for index, element in enumerate(target.elts):
-                part = None if parts is None else parts[index]
-                holds = self.assign(element, part,
-                                    held if part is None else self.held(part, holds), holds)
+                holds = self.assign(element, None if parts is None else parts[index],
+                                    helds[index], holds)
             return holds
         if isinstance(target, ast.Starred):
             return self.assign(target.value, None, held, holds)
         self.write(target, holds)  # x[i] = v, x.real = v
+        if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and \
+                held:  # d["x"] = x: the dict holds x too
+            name = target.value.id
+            return {**holds, name: holds.get(name, _NOTHING) | held}
         return holds
 
     def iterate(self, target: ast.expr, iterated: ast.expr, holds: _Holds) -> _Holds:
@@ -382,9 +466,10 @@ class _Writes:
                 [None, iterated.args[0]] if iterated.func.id == "enumerate" and \
                 len(iterated.args) == 1 else None
             if parts is not None and len(parts) == len(target.elts):
-                for element, part in zip(target.elts, parts):
-                    holds = self.assign(element, None, _NOTHING if part is None else
-                                        self.held(part, holds), holds)
+                helds = [_NOTHING if part is None else self.held(part, holds)
+                         for part in parts]
+                for element, held in zip(target.elts, helds):
+                    holds = self.assign(element, None, held, holds)
                 return holds
         return self.assign(target, None, self.held(iterated, holds), holds)
 
@@ -427,29 +512,36 @@ class _Writes:
             return frozenset().union(*(self.held(value, holds) for value in node.values))
         if isinstance(node, (ast.Starred, ast.NamedExpr)):
             return self.held(node.value, holds)
+        if isinstance(node, _COMPREHENSIONS):  # [x[i:i + 2] for i in ...]
+            inside = holds
+            for generator in node.generators:
+                inside = self.iterate(generator.target, generator.iter, inside)
+            parts = (node.value,) if isinstance(node, ast.DictComp) else (node.elt,)
+            return frozenset().union(*(self.held(part, inside) for part in parts))
         return _NOTHING
 
     def held_by_call(self, node: ast.Call, holds: _Holds) -> frozenset[str]:
         function = node.func
         if isinstance(function, ast.Attribute):
             receiver = self.held(function.value, holds)
-            if receiver:  # a method of what may be the array
-                if function.attr in VIEW_METHODS:
+            if receiver:  # a method of what may be the array, or a list or dict holding it
+                if function.attr in VIEW_METHODS or function.attr in HOLDER_GETTERS or (
+                        function.attr == "astype" and _is_false(_keyword(node, "copy"))):
                     return receiver
-                if function.attr in LAYOUT_METHODS or (
-                        function.attr == "astype" and _never_copies(node)):
-                    return _copied(receiver)
                 return _NOTHING
         name = _called_name(node)
+        if isinstance(function, ast.Name):  # a helper returning what it is passed, or a view
+            reading = self.helper_reading(function.id)
+            if reading is not None:
+                return self.passed(reading, node, holds, returned=True)
         first = node.args[0] if node.args and not isinstance(node.args[0], ast.Starred) \
             else None
         if first is None:
             return _NOTHING
-        if name in VIEW_FUNCTIONS:
+        copy = _keyword(node, "copy")
+        if (name in VIEW_FUNCTIONS and (copy is None or _is_false(copy))) or (
+                name == "array" and _is_false(copy)):
             return self.held(first, holds)
-        if (name in LAYOUT_FUNCTIONS and not _asks_a_copy(node)) or (
-                name == "array" and _never_copies(node)):
-            return _copied(self.held(first, holds))
         if name in ITEM_BUILTINS and isinstance(function, ast.Name):
             return frozenset().union(*(self.held(argument, holds) for argument in node.args))
         return _NOTHING
@@ -467,6 +559,7 @@ class _Writes:
                 inside = self.iterate(generator.target, generator.iter, inside)
                 for condition in generator.ifs:
                     self.scan(condition, inside)
+                    inside = self.walrus(condition, inside)
             parts = (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)
             for part in parts:
                 self.scan(part, inside)
@@ -480,10 +573,12 @@ class _Writes:
                 self.scan(child, holds)
 
     def resolve(self, node: ast.expr) -> Any:
-        """What a dotted name read from ``func``'s globals or the builtins is (``np.add``,
-        ``ndimage.convolve``), or None (a local, an attribute of anything but a module or
-        a ufunc)."""
+        """What a dotted name read from ``func``'s globals, the modules it imports inside or
+        the builtins is (``np.add``, ``ndimage.convolve``), or None (a local, an attribute of
+        anything but a module or a ufunc, a submodule not loaded: nothing is imported)."""
         if isinstance(node, ast.Name):
+            if node.id in self._modules:
+                return self._modules[node.id]
             code = self._func.__code__
             if node.id in code.co_varnames or node.id in code.co_freevars:
                 return None
@@ -491,8 +586,10 @@ class _Writes:
             return getattr(builtins, node.id, None) if found is _ABSENT else found
         if isinstance(node, ast.Attribute):
             base = self.resolve(node.value)
-            if isinstance(base, (types.ModuleType, np.ufunc)):
-                return getattr(base, node.attr, None)
+            if isinstance(base, types.ModuleType):
+                return vars(base).get(node.attr)
+            if isinstance(base, np.ufunc) and node.attr == "at":
+                return base.at
         return None
 
     def call(self, node: ast.Call, holds: _Holds) -> None:
@@ -500,23 +597,27 @@ class _Writes:
             if keyword.arg in ("out", "output"):
                 self.written.update(self.held(keyword.value, holds))
         function, name = node.func, _called_name(node)
-        if isinstance(function, ast.Attribute) and name in MUTATING_METHODS:
+        inplace = _keyword(node, "inplace")
+        if isinstance(function, ast.Attribute) and (name in MUTATING_METHODS or (
+                name == "byteswap" and isinstance(inplace, ast.Constant) and
+                inplace.value is True)):
             self.written.update(self.held(function.value, holds))
         if name == "shuffle" and node.args:  # a Generator's, or NumPy's legacy one
             self.written.update(self.held(node.args[0], holds))
-        if name == "nan_to_num" and node.args and _never_copies(node):
+        if name == "nan_to_num" and node.args and _is_false(_keyword(node, "copy")):
             self.written.update(self.held(node.args[0], holds))
         called = self.resolve(function)
         if isinstance(called, np.ufunc):
             for output in node.args[called.nin:]:
                 self.written.update(self.held(output, holds))
-        elif called is not None and getattr(called, "__name__", None) == "at" and \
-                isinstance(getattr(called, "__self__", None), np.ufunc) and node.args:
+        elif isinstance(getattr(called, "__self__", None), np.ufunc) and node.args:
             self.written.update(self.held(node.args[0], holds))  # np.add.at(x, i, v)
         elif str(getattr(called, "__module__", "")).partition(".")[0] == "numpy":
             self.numpy_call(node, getattr(called, "__name__", ""), holds)
         elif isinstance(function, ast.Name):
-            self.helper(function.id, node, holds)
+            reading = self.helper_reading(function.id)
+            if reading is not None:
+                self.written.update(self.passed(reading, node, holds, returned=False))
 
     def numpy_call(self, node: ast.Call, name: str, holds: _Holds) -> None:
         """The writes of NumPy's function ``name`` into what this call passes it."""
@@ -529,36 +630,32 @@ class _Writes:
         if position is not None and len(node.args) > position:
             self.written.update(self.held(node.args[position], holds))
 
-    def helper(self, name: str, node: ast.Call, holds: _Holds) -> None:
-        """Note the writes of the helper ``name`` (defined inside, or a module-level
-        function of the user's found in ``func``'s globals) into what this call passes
-        it."""
+    def helper_reading(self, name: str) -> _Reading | None:
+        """What the helper ``name`` does with its parameters: one defined inside, or a
+        function of the user's (``@veda.gpu`` or not) in ``func``'s globals; None for any
+        other name."""
         if name in self._inner:
-            positional, written, copied = self._inner[name]
-        else:
-            code = self._func.__code__
-            helper = self._func.__globals__.get(name)
-            if self._depth <= 0 or name in code.co_varnames or name in code.co_freevars or \
-                    type(helper) is not types.FunctionType or \
-                    helper.__code__ in self._reading or \
-                    str(getattr(helper, "__module__", "")).partition(".")[0] in LIBRARIES:
-                return
-            found, through = _written(helper, self._depth - 1, self._reading)
-            positional = helper.__code__.co_varnames[:helper.__code__.co_argcount]
-            written, copied = set(found) - through, through
-        if not written and not copied:
-            return
-        passed = [(positional[index], argument) for index, argument in enumerate(
-            node.args[:len(positional)])]
+            return self._inner[name]
+        code = self._func.__code__
+        if self._depth <= 0 or name in code.co_varnames or name in code.co_freevars:
+            return None
+        helper = analysed_function(self._func.__globals__.get(name))
+        if helper is None or \
+                str(getattr(helper, "__module__", "")).partition(".")[0] in LIBRARIES:
+            return None
+        return _read(helper, self._depth - 1, self._reading)
+
+    def passed(self, reading: _Reading, node: ast.Call, holds: _Holds, *,
+               returned: bool) -> frozenset[str]:
+        """The marks of what this call passes to the parameters ``reading`` writes into (or,
+        ``returned``, may return)."""
+        wanted = reading.returned if returned else reading.written
+        if not wanted:
+            return _NOTHING
         starred = next((index for index, argument in enumerate(node.args)
                         if isinstance(argument, ast.Starred)), len(node.args))
-        passed = passed[:starred] + [(keyword.arg, keyword.value) for keyword in node.keywords
-                                     if keyword.arg is not None]
-        for parameter, argument in passed:
-            if parameter in written:
-                self.written.update(self.held(argument, holds))
-            elif parameter in copied:
-                self.written.update(_copied(self.held(argument, holds)))
-
-
-_ABSENT = object()
+        passed = [*zip(reading.positional, node.args[:starred]),
+                  *((keyword.arg, keyword.value) for keyword in node.keywords
+                    if keyword.arg is not None)]
+        return frozenset().union(*(self.held(argument, holds) for parameter, argument in passed
+                                   if parameter in wanted))
