@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import tokenize
+import types
 from typing import Any
 
 import numpy as np
@@ -456,6 +457,71 @@ def calls_a_decorated_helper(x: np.ndarray) -> float:
     return float(x.max())
 
 
+def w4(a: np.ndarray) -> None:
+    a -= 1.0
+
+
+def w3(a: np.ndarray) -> None:
+    w4(a)
+
+
+def w2(a: np.ndarray) -> None:
+    w3(a)
+
+
+def w1(a: np.ndarray) -> None:
+    w2(a)
+
+
+def met_deeper_first(x: np.ndarray, y: np.ndarray) -> None:
+    w1(y)  # w3 is met three calls down, where its call of w4 (a fourth) is not read
+    w3(x)  # and again two calls from w4: read then, and x is written
+
+
+def chosen_in_a_branch(x: np.ndarray, in_place: bool) -> Any:
+    if in_place:
+        op = lambda a: a.sort()  # noqa: E731
+    else:
+        op = lambda a: np.sort(a)  # noqa: E731
+    return op(x)
+
+
+def nested_swap(x: np.ndarray, y: np.ndarray) -> None:
+    a, b = y, x
+    b, (a, _) = a, (b, a)
+    a[:] = 0  # x
+
+
+def added_to_a_list(x: np.ndarray) -> None:
+    bufs: list[np.ndarray] = []
+    bufs += [x]
+    bufs[0][:] = 0
+
+
+def bound_in_a_comprehension(x: np.ndarray) -> None:
+    rows = [(r := row) for row in x]
+    r[:] = 0
+    del rows
+
+
+def closed_over_after_the_def(x: np.ndarray) -> None:
+    def clear() -> None:
+        view[:] = 0
+
+    view = x[1:]
+    clear()
+
+
+def largest_of_a_row(x: np.ndarray) -> None:
+    largest = max(x[0])
+    largest += 1
+    np.zeros(3).byteswap(True)
+
+
+def positional_inplace(x: np.ndarray) -> None:
+    x.byteswap(True)
+
+
 @pytest.mark.parametrize(("func", "written"), [
     (layout_step, ("x",)),
     (contiguous_first, ("x",)),
@@ -467,6 +533,14 @@ def calls_a_decorated_helper(x: np.ndarray) -> float:
     (integer_inverted, ("x",)),
     (not_in_place_byteswap, ("y",)),
     (calls_a_decorated_helper, ("x",)),
+    (met_deeper_first, ("x",)),
+    (chosen_in_a_branch, ("x",)),
+    (nested_swap, ("x",)),
+    (added_to_a_list, ("x",)),
+    (bound_in_a_comprehension, ("x",)),
+    (closed_over_after_the_def, ("x",)),
+    (largest_of_a_row, ()),
+    (positional_inplace, ("x",)),
 ])
 def test_swaps_returned_views_imports_and_containers(func: Any,
                                                      written: tuple[str, ...]) -> None:
@@ -494,3 +568,25 @@ def test_a_helper_that_cannot_be_read_leaves_the_functions_own_writes(
 
     monkeypatch.setattr(inspect, "getsource", getsource)
     assert written_parameters(writes_and_calls) == ("x",)
+
+
+def prepares(x: np.ndarray) -> float:
+    prep(x)  # noqa: F821  # (bound in the globals each test gives the code)
+    return float(x.sum())
+
+
+def test_one_code_with_other_globals_is_read_with_its_own() -> None:
+    """Functions made from one code object over other globals (identical modules, a
+    factory) call other helpers: each is read with its own."""
+
+    def centring(a: np.ndarray) -> None:
+        a -= a.mean()
+
+    def pure(a: np.ndarray) -> np.ndarray:
+        return a - a.mean()
+
+    writing = types.FunctionType(prepares.__code__, {**globals(), "prep": centring})
+    reading = types.FunctionType(prepares.__code__, {**globals(), "prep": pure})
+    assert written_parameters(writing) == ("x",)
+    assert written_parameters(reading) == ()
+    assert written_parameters(writing) == ("x",)

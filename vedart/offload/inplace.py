@@ -35,10 +35,11 @@ none, and after ``if``/``else`` a name holds what either branch left.
 
 What this cannot see, and so does not copy back: writes made by methods and by functions
 reached otherwise (``obj.fill(x)``, ``module.fill(x)``, one passed in, or held by a default
-or ``*args``), writes into the arrays in a list, dict or tuple argument (its items are not
-parameters), changes of an array's shape or dtype (``x.shape = s``, ``x.resize(n)``), the
-writes of a function wrapped by another decorator than vedart's, and functions without
-source (made by ``exec``, or a lambda sharing its line with another). A helper that cannot
+or ``*args``), writes through an object holding the array (``s.data[:] = 0``), writes into
+the arrays in a list, dict or tuple argument (its items are not parameters), changes of an
+array's shape or dtype (``x.shape = s``, ``x.resize(n)``), the writes of a function wrapped
+by another decorator than vedart's, and functions without source (made by ``exec``, or a
+lambda sharing its line with another). A helper that cannot
 be read (its file edited since import) is taken as writing nothing; the function's own
 writes stand.
 """
@@ -85,8 +86,8 @@ VIEW_FUNCTIONS = frozenset({
     "fliplr", "rot90", "broadcast_arrays"})
 # Builtins whose results hold their arguments' items (an array's rows are views of it).
 ITEM_BUILTINS = frozenset({
-    "enumerate", "zip", "reversed", "iter", "list", "tuple", "sorted", "filter", "next", "max",
-    "min", "dict"})
+    "enumerate", "zip", "reversed", "iter", "list", "tuple", "sorted", "filter", "next",
+    "dict"})
 # Methods of lists and dicts that hand out what they hold, and those that take in more.
 HOLDER_GETTERS = frozenset({"values", "items", "get", "pop", "setdefault"})
 HOLDER_ADDERS = frozenset({"append", "extend", "insert", "add", "update"})
@@ -97,13 +98,13 @@ _TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))  # (try/except* from Python 3
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _LOOP_PASSES = 8  # a loop body is walked until what its names hold stops growing, at most
 _UNWRAP = 16  # partials, bound methods and wrappers looked through, at most
-_FOUND_KEPT = 1024  # functions whose writes are kept (found_writes)
 
 # What a name may hold: the marks of the parameters it may be or be a view of (a parameter's
 # name; "@<definition>:<name>" for a parameter of a function defined inside).
 _Holds = dict[str, frozenset[str]]
 _NOTHING: frozenset[str] = frozenset()
 _ABSENT = object()
+_CLOSED = "$"  # the mark of a name a function defined inside closes over
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,7 @@ class _Reading:
     written: frozenset[str] = frozenset()
     returned: frozenset[str] = frozenset()
     positional: tuple[str, ...] = ()
-
-
-_FOUND: dict[types.CodeType, FoundWrites] = {}
+    closed_over: frozenset[str] = frozenset()  # names of the enclosing function written into
 
 
 def analysed_function(func: object) -> types.FunctionType | None:
@@ -148,20 +147,14 @@ def analysed_function(func: object) -> types.FunctionType | None:
 def found_writes(func: object) -> FoundWrites:
     """The parameters of the function ``func`` runs (:func:`analysed_function`) that its code
     may write into in place (see the module docstring). Never raises: what cannot be read is
-    taken as writing nothing. Kept per code object: the source is read once."""
+    taken as writing nothing."""
     function = analysed_function(func)
     if function is None:
         return FoundWrites()
     code = function.__code__
-    found = _FOUND.get(code)
-    if found is None:
-        reading = _read(function, HELPER_DEPTH, {})
-        found = FoundWrites(tuple(name for name in _signature_names(code)
-                                  if name in reading.written), code)
-        if len(_FOUND) >= _FOUND_KEPT:
-            _FOUND.clear()
-        _FOUND[code] = found
-    return found
+    reading = _read(function, HELPER_DEPTH, {})
+    return FoundWrites(tuple(name for name in _signature_names(code)
+                             if name in reading.written), code)
 
 
 def _signature_names(code: types.CodeType) -> tuple[str, ...]:
@@ -169,15 +162,16 @@ def _signature_names(code: types.CodeType) -> tuple[str, ...]:
 
 
 def _read(func: types.FunctionType, depth: int,
-          reading: dict[types.CodeType, _Reading | None]) -> _Reading:
+          reading: dict[int, tuple[types.FunctionType, int, _Reading | None]]) -> _Reading:
     """What ``func`` does with its parameters, reading its helpers ``depth`` calls deeper;
-    ``reading``: the functions read so far in this :func:`found_writes` (None while being
-    read: a helper calling back reads as doing nothing). A function that cannot be read
-    (no source, a file edited since import, a tree too deep) does nothing."""
-    code = func.__code__
-    if code in reading:
-        return reading[code] or _Reading()
-    reading[code] = None
+    ``reading``: the functions read so far in this :func:`found_writes`, by id, with the
+    depth each was read from (None while being read: a helper calling back reads as doing
+    nothing). A function that cannot be read (no source, a file edited since import, a tree
+    too deep) does nothing."""
+    known = reading.get(id(func))
+    if known is not None and known[0] is func and (known[2] is None or known[1] >= depth):
+        return known[2] or _Reading()
+    reading[id(func)] = (func, depth, None)
     try:
         node = _definition(func)
         if node is None:
@@ -191,7 +185,7 @@ def _read(func: types.FunctionType, depth: int,
                               positional)
     except Exception:  # noqa: BLE001  # (RecursionError, tokenize.TokenError, ...)
         result = _Reading()
-    reading[code] = result
+    reading[id(func)] = (func, depth, result)
     return result
 
 
@@ -270,13 +264,14 @@ class _Writes:
     calls by name ``depth`` calls deeper."""
 
     def __init__(self, func: types.FunctionType, depth: int,
-                 reading: dict[types.CodeType, _Reading | None]) -> None:
+                 reading: dict[int, tuple[types.FunctionType, int, _Reading | None]]) -> None:
         self.written: set[str] = set()
         self.returned: set[str] = set()
         self._func = func
         self._depth = depth
         self._reading = reading
         self._inner: dict[str, _Reading] = {}  # functions defined inside, by name
+        self._closing = 0  # functions defined inside being walked
         self._modules: dict[str, Any] = {}  # modules imported inside, by name
 
     def returns(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
@@ -304,7 +299,7 @@ class _Writes:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if isinstance(node.value, ast.Lambda) and len(targets) == 1 and \
                     isinstance(targets[0], ast.Name):
-                self._inner[targets[0].id] = self.inner(node.value, holds)
+                self.define(targets[0].id, self.inner(node.value, holds))
             held = self.held(node.value, holds)
             for target in targets:
                 holds = self.assign(target, node.value, held, holds)
@@ -312,6 +307,10 @@ class _Writes:
         if isinstance(node, ast.AugAssign):
             self.scan(node.value, holds)
             self.write(node.target, holds)
+            if isinstance(node.target, ast.Name) and isinstance(
+                    node.value, (ast.List, ast.Tuple, ast.ListComp)):  # bufs += [x]
+                name = node.target.id
+                return {**holds, name: holds.get(name, _NOTHING) | self.held(node.value, holds)}
             return holds
         if isinstance(node, (ast.For, ast.AsyncFor)):
             self.scan(node.iter, holds)
@@ -346,7 +345,7 @@ class _Writes:
                 end = _join(end, self.body(case.body, holds))
             return end
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            self._inner[node.name] = self.inner(node, holds)
+            self.define(node.name, self.inner(node, holds))
             return {**holds, node.name: _NOTHING}
         if isinstance(node, ast.ClassDef):
             self.body(node.body, holds)
@@ -416,43 +415,73 @@ class _Writes:
             if extra is not None:
                 own.append(extra.arg)
         prefix = f"@{id(node)}:"  # its own parameters' marks, apart from the outer ones
-        inside = {**holds, **{name: frozenset({prefix + name}) for name in own}}
+        # A name it closes over may hold, when it runs, what it holds here, or what it
+        # holds where it is called ("$name", filled in there: see passed).
+        inside = {name: held | {_CLOSED + name} for name, held in holds.items()}
+        inside.update({name: frozenset({prefix + name}) for name in own})
         returned_before = set(self.returned)
-        self.returns(node, inside)
+        self._closing += 1
+        try:
+            self.returns(node, inside)
+        finally:
+            self._closing -= 1
         mine = {mark for mark in self.written if mark.startswith(prefix)}
-        self.written -= mine
+        closed = {mark for mark in self.written if mark.startswith(_CLOSED)}
+        self.written -= mine | closed
+        if self._closing:  # (an enclosing inner function resolves them)
+            self.written |= closed
         returned = {mark for mark in self.returned if mark.startswith(prefix)}
         self.returned = returned_before  # (its returns are not this function's)
         positional = tuple(argument.arg for argument in (*node.args.posonlyargs,
                                                          *node.args.args))
         return _Reading(frozenset(mark[len(prefix):] for mark in mine),
-                        frozenset(mark[len(prefix):] for mark in returned), positional)
+                        frozenset(mark[len(prefix):] for mark in returned), positional,
+                        frozenset(mark[len(_CLOSED):] for mark in closed))
+
+    def define(self, name: str, reading: _Reading) -> None:
+        """Keep what the function defined inside as ``name`` does, for calls of it (with what
+        another definition of that name, in another branch, does)."""
+        known = self._inner.get(name)
+        if known is not None:
+            reading = _Reading(known.written | reading.written, known.returned | reading.returned,
+                               reading.positional if len(reading.positional) >= len(
+                                   known.positional) else known.positional,
+                               known.closed_over | reading.closed_over)
+        self._inner[name] = reading
 
     def assign(self, target: ast.expr, value: ast.expr | None, held: frozenset[str],
                holds: _Holds) -> _Holds:
         """``holds`` after ``target = value`` (``value`` None: unknown), where ``value`` may
-        hold ``held``."""
-        if isinstance(target, ast.Name):
-            return {**holds, target.id: held}
-        if isinstance(target, (ast.Tuple, ast.List)):
-            parts = value.elts if isinstance(value, (ast.Tuple, ast.List)) and \
-                len(value.elts) == len(target.elts) and \
-                not any(isinstance(part, ast.Starred) for part in target.elts) else None
-            # Every value is read before any target is bound: a, b = b, a.
-            helds = [held] * len(target.elts) if parts is None else \
-                [self.held(part, holds) for part in parts]
-            for index, element in enumerate(target.elts):
-                holds = self.assign(element, None if parts is None else parts[index],
-                                    helds[index], holds)
-            return holds
-        if isinstance(target, ast.Starred):
-            return self.assign(target.value, None, held, holds)
-        self.write(target, holds)  # x[i] = v, x.real = v
-        if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and \
-                held:  # d["x"] = x: the dict holds x too
-            name = target.value.id
-            return {**holds, name: holds.get(name, _NOTHING) | held}
+        hold ``held``. Every value is read before any target is bound: ``a, b = b, a``."""
+        for leaf, leaf_held in self.unpacked(target, value, held, holds):
+            if isinstance(leaf, ast.Name):
+                holds = {**holds, leaf.id: leaf_held}
+                continue
+            self.write(leaf, holds)  # x[i] = v, x.real = v
+            if isinstance(leaf, ast.Subscript) and isinstance(leaf.value, ast.Name) and \
+                    leaf_held:  # d["x"] = x: the dict holds x too
+                name = leaf.value.id
+                holds = {**holds, name: holds.get(name, _NOTHING) | leaf_held}
         return holds
+
+    def unpacked(self, target: ast.expr, value: ast.expr | None, held: frozenset[str],
+                 holds: _Holds) -> list[tuple[ast.expr, frozenset[str]]]:
+        """The names, items and attributes ``target = value`` binds, each with what it may
+        hold, all read from ``holds`` (before any is bound)."""
+        if isinstance(target, ast.Starred):
+            return self.unpacked(target.value, None, held, holds)
+        if not isinstance(target, (ast.Tuple, ast.List)):
+            return [(target, held)]
+        parts = value.elts if isinstance(value, (ast.Tuple, ast.List)) and \
+            len(value.elts) == len(target.elts) and \
+            not any(isinstance(part, ast.Starred) for part in (*target.elts, *value.elts)) \
+            else None
+        leaves = []
+        for index, element in enumerate(target.elts):
+            part = None if parts is None else parts[index]
+            leaves += self.unpacked(element, part,
+                                    held if part is None else self.held(part, holds), holds)
+        return leaves
 
     def iterate(self, target: ast.expr, iterated: ast.expr, holds: _Holds) -> _Holds:
         """``holds`` after ``for target in iterated``: an item of ``zip(a, b)`` holds what an
@@ -486,16 +515,42 @@ class _Writes:
         self.written.update(self.held(target, holds))
 
     def walrus(self, node: ast.expr, holds: _Holds) -> _Holds:
-        """``holds`` with the names ``node`` binds with ``:=``."""
-        for child in ast.walk(node):
-            if isinstance(child, ast.NamedExpr) and isinstance(child.target, ast.Name):
-                holds = {**holds, child.target.id: self.held(child.value, holds)}
+        """``holds`` with the names ``node`` binds with ``:=`` (in a comprehension, to what
+        its items hold: ``[(r := row) for row in x]``)."""
+        if isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            holds = self.walrus(node.value, holds)
+            return {**holds, node.target.id: self.held(node.value, holds)}
+        if isinstance(node, ast.Lambda):
+            return holds
+        if isinstance(node, _COMPREHENSIONS):
+            inside = holds
+            for generator in node.generators:
+                inside = self.iterate(generator.target, generator.iter,
+                                      self.walrus(generator.iter, inside))
+                for condition in generator.ifs:
+                    inside = self.walrus(condition, inside)
+            parts = (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)
+            for part in parts:
+                inside = self.walrus(part, inside)
+            bound = {child.target.id for child in ast.walk(node)
+                     if isinstance(child, ast.NamedExpr) and isinstance(child.target, ast.Name)}
+            # (bound on no pass when nothing is iterated: what it held before stays possible)
+            return {**holds, **{name: holds.get(name, _NOTHING) | inside.get(name, _NOTHING)
+                                for name in bound}}
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.keyword):
+                child = child.value
+            if isinstance(child, ast.expr):
+                holds = self.walrus(child, holds)
         return holds
 
     def held(self, node: ast.expr, holds: _Holds) -> frozenset[str]:
         """The marks of the parameters the value of ``node`` may be, or be a view of."""
         if isinstance(node, ast.Name):
-            return holds.get(node.id, _NOTHING)
+            held = holds.get(node.id)
+            if held is None:  # inside a function defined inside: bound where it is called?
+                return frozenset({_CLOSED + node.id}) if self._closing else _NOTHING
+            return held
         if isinstance(node, ast.Subscript):
             return _NOTHING if _copies(node.slice) else self.held(node.value, holds)
         if isinstance(node, ast.Attribute):
@@ -529,6 +584,8 @@ class _Writes:
                         function.attr == "astype" and _is_false(_keyword(node, "copy"))):
                     return receiver
                 return _NOTHING
+            if function.attr == "setdefault" and len(node.args) == 2:  # d.setdefault("x", x)
+                return self.held(node.args[1], holds)
         name = _called_name(node)
         if isinstance(function, ast.Name):  # a helper returning what it is passed, or a view
             reading = self.helper_reading(function.id)
@@ -597,7 +654,7 @@ class _Writes:
             if keyword.arg in ("out", "output"):
                 self.written.update(self.held(keyword.value, holds))
         function, name = node.func, _called_name(node)
-        inplace = _keyword(node, "inplace")
+        inplace = _keyword(node, "inplace") or (node.args[0] if node.args else None)
         if isinstance(function, ast.Attribute) and (name in MUTATING_METHODS or (
                 name == "byteswap" and isinstance(inplace, ast.Constant) and
                 inplace.value is True)):
@@ -650,12 +707,14 @@ class _Writes:
         """The marks of what this call passes to the parameters ``reading`` writes into (or,
         ``returned``, may return)."""
         wanted = reading.returned if returned else reading.written
+        closed = _NOTHING if returned else frozenset().union(*(
+            self.held(ast.Name(name), holds) for name in reading.closed_over))
         if not wanted:
-            return _NOTHING
+            return closed
         starred = next((index for index, argument in enumerate(node.args)
                         if isinstance(argument, ast.Starred)), len(node.args))
         passed = [*zip(reading.positional, node.args[:starred]),
                   *((keyword.arg, keyword.value) for keyword in node.keywords
                     if keyword.arg is not None)]
-        return frozenset().union(*(self.held(argument, holds) for parameter, argument in passed
-                                   if parameter in wanted))
+        return closed.union(*(self.held(argument, holds) for parameter, argument in passed
+                              if parameter in wanted))
