@@ -512,6 +512,20 @@ def closed_over_after_the_def(x: np.ndarray) -> None:
     clear()
 
 
+def the_row_with_the_largest_sum(x: np.ndarray) -> None:
+    best = max((row for row in x), key=lambda row: row.sum())
+    best[:] = 0
+
+
+def lists_grown_with_plus(x: np.ndarray) -> list[np.ndarray]:
+    rows: list[np.ndarray] = []
+    rows += [x[0]]
+    rows += [x[1]]
+    shape: tuple[int, ...] = ()
+    shape += (len(x),)
+    return rows
+
+
 def largest_of_a_row(x: np.ndarray) -> None:
     largest = max(x[0])
     largest += 1
@@ -540,6 +554,8 @@ def positional_inplace(x: np.ndarray) -> None:
     (bound_in_a_comprehension, ("x",)),
     (closed_over_after_the_def, ("x",)),
     (largest_of_a_row, ()),
+    (the_row_with_the_largest_sum, ("x",)),
+    (lists_grown_with_plus, ()),
     (positional_inplace, ("x",)),
 ])
 def test_swaps_returned_views_imports_and_containers(func: Any,

@@ -243,6 +243,14 @@ def _copies(index: ast.expr) -> bool:
     return False
 
 
+def _is_container(node: ast.expr) -> bool:
+    """Whether ``node`` makes a list, tuple, dict or set (whose ``+=`` adds items)."""
+    return isinstance(node, (ast.List, ast.Tuple, ast.Dict, ast.Set, ast.ListComp,
+                             ast.DictComp, ast.SetComp)) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and
+        node.func.id in ("list", "tuple", "dict", "set"))
+
+
 def _keyword(node: ast.Call, name: str) -> ast.expr | None:
     return next((keyword.value for keyword in node.keywords if keyword.arg == name), None)
 
@@ -272,6 +280,7 @@ class _Writes:
         self._reading = reading
         self._inner: dict[str, _Reading] = {}  # functions defined inside, by name
         self._closing = 0  # functions defined inside being walked
+        self._containers: set[str] = set()  # names bound to a list, tuple, dict or set
         self._modules: dict[str, Any] = {}  # modules imported inside, by name
 
     def returns(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
@@ -301,16 +310,19 @@ class _Writes:
                     isinstance(targets[0], ast.Name):
                 self.define(targets[0].id, self.inner(node.value, holds))
             held = self.held(node.value, holds)
+            if _is_container(node.value):
+                self._containers.update(target.id for target in targets
+                                        if isinstance(target, ast.Name))
             for target in targets:
                 holds = self.assign(target, node.value, held, holds)
             return holds
         if isinstance(node, ast.AugAssign):
             self.scan(node.value, holds)
-            self.write(node.target, holds)
-            if isinstance(node.target, ast.Name) and isinstance(
-                    node.value, (ast.List, ast.Tuple, ast.ListComp)):  # bufs += [x]
-                name = node.target.id
-                return {**holds, name: holds.get(name, _NOTHING) | self.held(node.value, holds)}
+            target = node.target
+            if isinstance(target, ast.Name) and target.id in self._containers:  # bufs += [x]
+                return {**holds, target.id: holds.get(target.id, _NOTHING) |
+                        self.held(node.value, holds)}
+            self.write(target, holds)
             return holds
         if isinstance(node, (ast.For, ast.AsyncFor)):
             self.scan(node.iter, holds)
@@ -599,7 +611,8 @@ class _Writes:
         if (name in VIEW_FUNCTIONS and (copy is None or _is_false(copy))) or (
                 name == "array" and _is_false(copy)):
             return self.held(first, holds)
-        if name in ITEM_BUILTINS and isinstance(function, ast.Name):
+        if isinstance(function, ast.Name) and (name in ITEM_BUILTINS or (
+                name in ("max", "min") and _keyword(node, "key") is not None)):
             return frozenset().union(*(self.held(argument, holds) for argument in node.args))
         return _NOTHING
 
