@@ -386,3 +386,26 @@ def test_objects_a_bound_method_or_partial_holds_are_arguments_too() -> None:
     assert bound_arguments(callable_object) == (callable_object,)
     assert bound_arguments(Callable) == bound_arguments(len) == ()
     assert not watching(Refusing())  # not watched; no error
+
+
+def test_array_twins_pair_the_callers_arrays_with_their_copies_as_the_run_began() -> None:
+    """What the GPU path copies back into the arrays of a list, dict or tuple argument the
+    function writes into (``for p in params: p -= step``), whatever the run did to the
+    copies' items afterwards."""
+    rng = np.random.default_rng(22)
+    w, b, m = rng.random(3), rng.random(2), rng.random(4)
+    params, state = [w, (b, 7)], {"m": m, "steps": 1}
+    copies = [Device(w), (Device(b), 7)]
+    state_copy = {"m": Device(m), "steps": 1}
+    watched = watching(copies, state_copy)
+    device_w, device_b, device_m = copies[0], copies[1][0], state_copy["m"]
+    copies.reverse()  # the run rebinds and adds items: the pairs are those it began with
+    copies.append(Device(rng.random(1)))
+    state_copy["m"] = Device(rng.random(4))
+    watched.launched()
+    pairs = watched.array_twins(params, copies)
+    assert [(id(host), id(copy)) for host, copy in pairs] == [
+        (id(w), id(device_w)), (id(b), id(device_b))]
+    assert [(id(host), id(copy)) for host, copy in watched.array_twins(state, state_copy)] == [
+        (id(m), id(device_m))]
+    assert watched.array_twins([w], [w]) == []  # the caller's own list: no copy

@@ -514,6 +514,28 @@ def test_arguments_the_code_writes_into_are_checked_as_writes_arguments() -> Non
     np.testing.assert_allclose(a, before - before.mean())
 
 
+def test_arrays_in_a_list_or_dict_the_code_writes_into_are_checked_too() -> None:
+    fake_gpu()
+
+    @veda.gpu
+    def sgd_step(params: list[np.ndarray], grads: list[np.ndarray], lr: float) -> None:
+        for p, g in zip(params, grads):
+            p -= lr * g
+
+    rng = np.random.default_rng(21)
+    w, b = rng.random(600_000), rng.random(600_000)
+    grads = [rng.random(600_000), rng.random(600_000)]
+    found = "argument 'params', which the function writes into in place, holds an array that "
+    assert sgd_step.explain([w, b], grads, 0.1).path == "gpu"
+    assert sgd_step.explain([w, big(8)], grads, 0.1).reason == found + "is read-only"
+    assert sgd_step.explain([w, w[::2]], grads, 0.1).reason == \
+        found + "shares memory with another argument"
+    assert sgd_step.explain([w, b[::2]], grads, 0.1).reason == \
+        found + "is strided (its device copy would not be)"
+    assert sgd_step.explain([w, b], [w, w], 0.1).reason == \
+        found + "shares memory with another argument"
+
+
 def test_writes_are_found_again_when_the_code_is_replaced() -> None:
     """A reload in place (IPython's autoreload) gives the function new code."""
     fake_gpu()

@@ -520,6 +520,45 @@ def test_arguments_written_in_place_end_as_numpy_leaves_them(func: Any) -> None:
         np.testing.assert_allclose(result, expected, rtol=1e-12, atol=1e-12)
 
 
+def sgd_step(params: list[np.ndarray], grads: list[np.ndarray], lr: float) -> None:
+    for p, g in zip(params, grads):
+        p -= lr * g
+
+
+def momentum_step(state: dict[str, Any], grad: np.ndarray) -> np.ndarray:
+    state["m"] *= 0.9
+    state["m"] += 0.1 * grad
+    state["w"] -= 0.01 * state["m"]
+    state["steps"] += 1
+    return state["w"]
+
+
+def test_arrays_in_lists_and_dicts_written_in_place_end_as_numpy_leaves_them() -> None:
+    rng = np.random.default_rng()
+    params = [rng.standard_normal((300, 200)), rng.standard_normal(200)]
+    grads = [rng.standard_normal((300, 200)), rng.standard_normal(200)]
+    expected = [p.copy() for p in params]
+    sgd_step(expected, grads, 0.1)
+    originals = list(params)
+    veda.gpu(force="gpu")(sgd_step)(params, grads, 0.1)
+    assert last(sgd_step)[0] == "gpu"
+    assert all(p is original for p, original in zip(params, originals))
+    for p, p_expected in zip(params, expected):
+        np.testing.assert_allclose(p, p_expected, rtol=1e-12, atol=1e-12)
+
+    grad = rng.standard_normal(50_000)
+    state = {"m": rng.standard_normal(50_000), "w": rng.standard_normal(50_000), "steps": 3}
+    cpu_state = {key: value.copy() if isinstance(value, np.ndarray) else value
+                 for key, value in state.items()}
+    w, m = state["w"], state["m"]
+    momentum_step(cpu_state, grad)
+    result = veda.gpu(force="gpu")(momentum_step)(state, grad)
+    assert last(momentum_step)[0] == "gpu"
+    assert state["w"] is w and state["m"] is m and result is w and state["steps"] == 4
+    np.testing.assert_allclose(w, cpu_state["w"], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(m, cpu_state["m"], rtol=1e-12, atol=1e-12)
+
+
 class LeastSquares:
     """A user's class with a decorated method that stores its results on ``self``."""
 
@@ -694,7 +733,7 @@ def test_objects_and_lists_inside_arguments_hold_numpy_values_after_a_gpu_run() 
     assert abs(summary.parts[0].total - x.sum()) < 1e-8 * x.sum()
     assert len(summary.log) == 1 and type(summary.log[0]) is np.ndarray
     np.testing.assert_array_equal(summary.log[0], x.max(axis=0))
-    state, log = {"steps": 0, "w": x[0]}, []
+    state, log = {"steps": 0, "w": x[0].copy()}, []  # (a view of x would keep it on the CPU)
     with pytest.warns(veda.OffloadWarning, match="re-ran on CPU"):
         count_then_fail(state, log, x)
     assert last(count_then_fail)[0] == "fallback"

@@ -381,35 +381,46 @@ class ArgumentState:
         converted by :func:`~vedart.offload.arguments.map_arrays`) held a copy of in its
         place when the run began (a list or dict read as it was then)."""
         before = self._before()
-        leaf_type = self._leaf_type
         twins: dict[int, Any] = {}
-
-        def pair(host: Any, device: Any, depth: int) -> None:
-            if host is device:
-                return
-            if type(device) is leaf_type:
-                twins[id(device)] = host
-                return
-            held = device if isinstance(device, tuple) else before.get(id(device))
-            if held is None or type(host) is not type(device):
-                return  # not a copy of the caller's (another thread rebound it, say)
-            twins[id(device)] = host
-            if depth <= 0:
-                return
-            host_held = before.get(id(host), host)  # as the run began, when the run changed it
-            if isinstance(held, dict):
-                for key, item in held.items():
-                    if key in host_held:
-                        pair(host_held[key], item, depth - 1)
-            elif len(held) == len(host_held):
-                for host_item, item in zip(host_held, held, strict=True):
-                    pair(host_item, item, depth - 1)
-
         for position, item in enumerate(device_args):
-            pair(args[position], item, CONTAINER_DEPTH)
+            twins.update((id(copy), host) for host, copy in self._pairs(
+                args[position], item, CONTAINER_DEPTH, before))
         for name, item in device_kwargs.items():
-            pair(kwargs[name], item, CONTAINER_DEPTH)
+            twins.update((id(copy), host) for host, copy in self._pairs(
+                kwargs[name], item, CONTAINER_DEPTH, before))
         return twins
+
+    def array_twins(self, host: Any, device: Any) -> list[tuple[np.ndarray, Any]]:
+        """(the caller's array, its device copy) for each array in the caller's list, dict
+        or tuple ``host`` whose copy ``device`` (the one the run was given) held a copy of
+        it in its place when the run began."""
+        return [(value, copy) for value, copy in self._pairs(
+            host, device, CONTAINER_DEPTH, self._before())
+            if type(copy) is self._leaf_type and type(value) is np.ndarray]
+
+    def _pairs(self, host: Any, device: Any, depth: int, before: dict[int, Any]
+               ) -> Iterator[tuple[Any, Any]]:
+        """(the caller's value, its copy) for ``host`` and what it holds, ``depth`` levels
+        deep, and their copies in ``device`` (see :meth:`twins`)."""
+        if host is device:
+            return
+        if type(device) is self._leaf_type:
+            yield host, device
+            return
+        held = device if isinstance(device, tuple) else before.get(id(device))
+        if held is None or type(host) is not type(device):
+            return  # not a copy of the caller's (another thread rebound it, say)
+        yield host, device
+        if depth <= 0:
+            return
+        host_held = before.get(id(host), host)  # as the run began, when the run changed it
+        if isinstance(held, dict):
+            for key, item in held.items():
+                if key in host_held:
+                    yield from self._pairs(host_held[key], item, depth - 1, before)
+        elif len(held) == len(host_held):
+            for host_item, item in zip(host_held, held, strict=True):
+                yield from self._pairs(host_item, item, depth - 1, before)
 
     def _before(self) -> dict[int, Any]:
         """``id(value) -> what it held as the run began`` of each watched list and dict."""

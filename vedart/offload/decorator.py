@@ -515,27 +515,25 @@ class _Offload:
                   *iter_arrays(kwargs, np.ndarray, CONTAINER_DEPTH + 1)]
         for name in self.writes:
             value = bound.get(name)
-            stated = name in self.options.writes
-            if not stated and not isinstance(value, np.ndarray):
+            if name in self.options.writes:
+                if type(value) is not np.ndarray:
+                    return (f"writes= argument {name!r} is a {type(value).__name__}, not an "
+                            "ndarray")
+                problem = _written_array_problem(value, arrays, stated=True)
+                if problem is not None:
+                    return f"writes= argument {name!r} {problem}"
                 continue
-            what = f"writes= argument {name!r}" if stated else \
-                f"argument {name!r}, which the function writes into in place,"
-            if type(value) is not np.ndarray:
-                return f"{what} is a {type(value).__name__}, not an ndarray"
-            if not value.flags.writeable:
-                return f"{what} is read-only"
-            if not stated and not ((value.flags.c_contiguous or value.flags.f_contiguous) and
-                                   value.dtype.isnative):
-                # Its device copy is contiguous and native: code that copies the caller's
-                # array on the CPU for its layout (x.reshape(-1)), or tests it
-                # (x.dtype.isnative), could write into the device copy where NumPy writes
-                # into a copy of its own.
-                layout = "strided" if value.dtype.isnative else "byte-swapped"
-                return f"{what} is {layout} (its device copy would not be)"
-            # Each argument goes to the device as a copy of its own, so a write through one
-            # would not show through the other there, as it does on the CPU.
-            if sum(np.may_share_memory(value, array) for array in arrays) > 1:
-                return f"{what} shares memory with another argument"
+            # Found in the code: the array, or the arrays its list, dict or tuple holds
+            # (for a in arrays: a -= 1).
+            for array in iter_arrays(value, np.ndarray, CONTAINER_DEPTH):
+                if type(array) is not np.ndarray:
+                    return (f"argument {name!r}, which the function writes into in place, "
+                            f"holds a {type(array).__name__}, not an ndarray")
+                problem = _written_array_problem(array, arrays, stated=False)
+                if problem is not None:
+                    where = "" if array is value else "holds an array that "
+                    return (f"argument {name!r}, which the function writes into in place, "
+                            f"{where}{problem}")
         return None
 
     def learn(self, runtime: Runtime, decision: Decision, facts: ArgumentFacts,
@@ -681,7 +679,7 @@ class _Offload:
         computed = time.perf_counter()
         if self.writes:  # (its GPU decision set it)
             write_backs = self._fetch_writes(args, kwargs, launch.device_args,
-                                             launch.device_kwargs)
+                                             launch.device_kwargs, launch.state)
             bytes_to_host = sum(host.nbytes for _, _, host in write_backs)
         state = launch.state
         twins = state.twins(args, kwargs, launch.device_args, launch.device_kwargs) \
@@ -735,15 +733,42 @@ class _Offload:
         return result, record
 
     def _fetch_writes(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                      device_args: tuple[Any, ...], device_kwargs: dict[str, Any]
-                      ) -> list[tuple[np.ndarray, Any, np.ndarray]]:
+                      device_args: tuple[Any, ...], device_kwargs: dict[str, Any],
+                      state: ArgumentState | None) -> list[tuple[np.ndarray, Any, np.ndarray]]:
         """(caller's array, device array, host copy of the device array) per name in
-        ``writes`` that holds an array (a function with ``writes`` only)."""
+        ``writes`` that holds an array, and per array in a list, dict or tuple one holds
+        (their copies as the run began: ``state``) (a function with ``writes`` only)."""
         assert self._signature is not None and self.writes is not None
         host_bound = self._signature.bind(*args, **kwargs).arguments
         device_bound = self._signature.bind(*device_args, **device_kwargs).arguments
-        return [(host_bound[name], device_bound[name], to_host(device_bound[name]))
-                for name in self.writes if type(host_bound.get(name)) is np.ndarray]
+        pairs: list[tuple[np.ndarray, Any]] = []
+        for name in self.writes:
+            value = host_bound.get(name)
+            if type(value) is np.ndarray:
+                pairs.append((value, device_bound[name]))
+            elif isinstance(value, (list, tuple, dict)) and state is not None:
+                pairs += state.array_twins(value, device_bound[name])
+        return [(host, device, to_host(device)) for host, device in pairs]
+
+
+def _written_array_problem(array: np.ndarray, arrays: list[np.ndarray], *, stated: bool
+                           ) -> str | None:
+    """Why a GPU run could not leave ``array``, which the function writes into, as the CPU
+    path does (``stated``: named in ``writes=``), or None; ``arrays``: all the call's."""
+    if not array.flags.writeable:
+        return "is read-only"
+    if not stated and not ((array.flags.c_contiguous or array.flags.f_contiguous) and
+                           array.dtype.isnative):
+        # Its device copy is contiguous and native: code that copies the caller's array on
+        # the CPU for its layout (x.reshape(-1)), or tests it (x.dtype.isnative), could
+        # write into the device copy where NumPy writes into a copy of its own.
+        layout = "strided" if array.dtype.isnative else "byte-swapped"
+        return f"is {layout} (its device copy would not be)"
+    # Each argument goes to the device as a copy of its own, so a write through one would
+    # not show through the other there, as it does on the CPU.
+    if sum(np.may_share_memory(array, other) for other in arrays) > 1:
+        return "shares memory with another argument"
+    return None
 
 
 # A one-array result below this is copied back without a separate wait for the device (land).

@@ -9,7 +9,8 @@ What counts as a write into a parameter ``x``, or into a name that may hold ``x`
 it at that point (``y = x``, ``y = x[1:]``, ``y = x.T``, ``y = np.reshape(x, ...)``, ``a, b =
 np.split(x, 2)``, ``y = np.asarray(x)``, ``for row in x``, ``for i, row in enumerate(x)``,
 ``[row.sort() for row in x]``, ``d = {"x": x}``, ``bufs.append(x)``, ``y = interior(x)`` of
-a helper returning a view of what it is passed):
+a helper returning a view of what it is passed; a list, dict or tuple parameter counts as
+written when the arrays it holds are, ``for p in params: p -= step``):
 
 - an augmented assignment to the name (``x += 1``: in place for an array);
 - an assignment into an item or slice of it, or to an attribute that writes into an array
@@ -35,8 +36,7 @@ none, and after ``if``/``else`` a name holds what either branch left.
 
 What this cannot see, and so does not copy back: writes made by methods and by functions
 reached otherwise (``obj.fill(x)``, ``module.fill(x)``, one passed in, or held by a default
-or ``*args``), writes through an object holding the array (``s.data[:] = 0``), writes into
-the arrays in a list, dict or tuple argument (its items are not parameters), changes of an
+or ``*args``), writes through an object holding the array (``s.data[:] = 0``), changes of an
 array's shape or dtype (``x.shape = s``, ``x.resize(n)``), the writes of a function wrapped
 by another decorator than vedart's, and functions without source (made by ``exec``, or a
 lambda sharing its line with another). A helper that cannot
