@@ -526,6 +526,11 @@ def lists_grown_with_plus(x: np.ndarray) -> list[np.ndarray]:
     return rows
 
 
+def binds_dict_items(state: dict[str, Any], cfg: dict[str, Any], x: np.ndarray) -> None:
+    state["w"] = state["w"] - x  # a new array bound: no array written
+    cfg["calls"] = cfg.get("calls", 0) + 1
+
+
 def largest_of_a_row(x: np.ndarray) -> None:
     largest = max(x[0])
     largest += 1
@@ -556,6 +561,7 @@ def positional_inplace(x: np.ndarray) -> None:
     (largest_of_a_row, ()),
     (the_row_with_the_largest_sum, ("x",)),
     (lists_grown_with_plus, ()),
+    (binds_dict_items, ()),
     (positional_inplace, ("x",)),
 ])
 def test_swaps_returned_views_imports_and_containers(func: Any,

@@ -36,7 +36,8 @@ none, and after ``if``/``else`` a name holds what either branch left.
 
 What this cannot see, and so does not copy back: writes made by methods and by functions
 reached otherwise (``obj.fill(x)``, ``module.fill(x)``, one passed in, or held by a default
-or ``*args``), writes through an object holding the array (``s.data[:] = 0``), changes of an
+or ``*args``), writes through an object holding the array (``s.data[:] = 0``), a structured
+array's field assigned by name (``x["f"] = v``: read as a dict's item bound), changes of an
 array's shape or dtype (``x.shape = s``, ``x.resize(n)``), the writes of a function wrapped
 by another decorator than vedart's, and functions without source (made by ``exec``, or a
 lambda sharing its line with another). A helper that cannot
@@ -249,6 +250,13 @@ def _is_container(node: ast.expr) -> bool:
                              ast.DictComp, ast.SetComp)) or (
         isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and
         node.func.id in ("list", "tuple", "dict", "set"))
+
+
+def _is_keyed_item(target: ast.expr) -> bool:
+    """Whether ``target`` is an item of a dict named by a string (``state["w"]``): binding
+    it writes into no array (a structured array's field, ``x["f"] = v``, is taken as such)."""
+    return isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant) and \
+        isinstance(target.slice.value, str)
 
 
 def _keyword(node: ast.Call, name: str) -> ast.expr | None:
@@ -469,7 +477,10 @@ class _Writes:
             if isinstance(leaf, ast.Name):
                 holds = {**holds, leaf.id: leaf_held}
                 continue
-            self.write(leaf, holds)  # x[i] = v, x.real = v
+            if _is_keyed_item(leaf):  # state["w"] = v: a dict's item bound, no array written
+                self.scan(leaf, holds)
+            else:
+                self.write(leaf, holds)  # x[i] = v, x.real = v
             if isinstance(leaf, ast.Subscript) and isinstance(leaf.value, ast.Name) and \
                     leaf_held:  # d["x"] = x: the dict holds x too
                 name = leaf.value.id
