@@ -83,7 +83,7 @@ from vedart.offload.failures import (
 )
 from vedart.offload.force import check_path, forced_path, preferred_device
 from vedart.offload.imports import SET_ASIDE_AT_MOST, imported_since, imports_so_far
-from vedart.offload.inplace import FoundWrites, analysed_function, found_writes
+from vedart.offload.inplace import analysed_function, found_writes
 from vedart.offload.linalg_status import raise_errors_here
 from vedart.offload.results import (
     HOST_LEAVES,
@@ -268,10 +268,10 @@ class _Offload:
         # call's arguments.
         self._signature: inspect.Signature | None = None
         self.writes: tuple[str, ...] | None = None
-        # What was read from the code of the function that runs: read again when that
-        # function's code is replaced, as a reload in place does.
-        self._found = FoundWrites()
+        # The function that runs, and the code of it ``writes`` was read from: read again
+        # when that function's code is replaced, as a reload in place does.
         self._analysed = analysed_function(func)
+        self._read_code: types.CodeType | None = None
         if options.writes:
             signature = inspect.signature(func)
             unknown = [n for n in options.writes if n not in signature.parameters]
@@ -474,7 +474,7 @@ class _Offload:
                                        f"({failure}); the CPU ran them", model=decision.model)
         if decision.path == "gpu":
             if self.writes is None or (self._analysed is not None and
-                                       self._found.code is not self._analysed.__code__):
+                                       self._read_code is not self._analysed.__code__):
                 self._find_writes()
             if self.writes:
                 problem = self._writes_problem(args, kwargs)
@@ -485,8 +485,9 @@ class _Offload:
     def _find_writes(self) -> None:
         """Set ``writes``: the ``writes=`` names, then the parameters the function's code
         writes into in place (:func:`~vedart.offload.inplace.found_writes`)."""
-        self._found = found_writes(self.func)
-        found = self._found.names
+        if self._analysed is not None:
+            self._read_code = self._analysed.__code__  # (before reading: a change reads again)
+        found = found_writes(self.func)
         signature = self._signature
         if found and signature is None:
             try:

@@ -109,15 +109,6 @@ _CLOSED = "$"  # the mark of a name a function defined inside closes over
 
 
 @dataclass(frozen=True)
-class FoundWrites:
-    """What :func:`found_writes` found: ``names``, the parameters written into, in signature
-    order; ``code``, the code read (None: nothing read)."""
-
-    names: tuple[str, ...] = ()
-    code: types.CodeType | None = None
-
-
-@dataclass(frozen=True)
 class _Reading:
     """What one function does with its parameters: those it writes into, those it may return
     (or return a view of), and its positional ones in order."""
@@ -145,21 +136,17 @@ def analysed_function(func: object) -> types.FunctionType | None:
     return func if type(func) is types.FunctionType else None
 
 
-def found_writes(func: object) -> FoundWrites:
-    """The parameters of the function ``func`` runs (:func:`analysed_function`) that its code
-    may write into in place (see the module docstring). Never raises: what cannot be read is
-    taken as writing nothing."""
+def found_writes(func: object) -> tuple[str, ...]:
+    """The names of the parameters of the function ``func`` runs (:func:`analysed_function`)
+    that its code may write into in place (see the module docstring), in signature order.
+    Never raises: what cannot be read is taken as writing nothing."""
     function = analysed_function(func)
     if function is None:
-        return FoundWrites()
+        return ()
     code = function.__code__
-    reading = _read(function, HELPER_DEPTH, {})
-    return FoundWrites(tuple(name for name in _signature_names(code)
-                             if name in reading.written), code)
-
-
-def _signature_names(code: types.CodeType) -> tuple[str, ...]:
-    return code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    written = _read(function, HELPER_DEPTH, {}).written
+    return tuple(name for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+                 if name in written)
 
 
 def _read(func: types.FunctionType, depth: int,
@@ -180,10 +167,8 @@ def _read(func: types.FunctionType, depth: int,
         else:
             finder = _Writes(func, depth, reading)
             finder.returns(node, {name: frozenset({name}) for name in _parameters(node)})
-            positional = tuple(argument.arg for argument in (*node.args.posonlyargs,
-                                                             *node.args.args))
             result = _Reading(frozenset(finder.written), frozenset(finder.returned),
-                              positional)
+                              _positional(node))
     except Exception:  # noqa: BLE001  # (RecursionError, tokenize.TokenError, ...)
         result = _Reading()
     reading[id(func)] = (func, depth, result)
@@ -191,8 +176,16 @@ def _read(func: types.FunctionType, depth: int,
 
 
 def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> list[str]:
-    return [argument.arg for argument in (
-        *node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)]
+    return [*_positional(node), *(argument.arg for argument in node.args.kwonlyargs)]
+
+
+def _positional(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> tuple[str, ...]:
+    return tuple(argument.arg for argument in (*node.args.posonlyargs, *node.args.args))
+
+
+def _package(value: Any) -> str:
+    """The top-level package of the module ``value`` was defined in ("" if none)."""
+    return str(getattr(value, "__module__", "")).partition(".")[0]
 
 
 def _definition(func: types.FunctionType) -> ast.FunctionDef | ast.AsyncFunctionDef | \
@@ -353,10 +346,7 @@ class _Writes:
         if isinstance(node, _TRY):
             tried = self.loop(node.body, holds)  # a handler may start from any point in it
             ends = [self.body(handler.body, tried) for handler in node.handlers]
-            ends.append(self.body(node.orelse, tried))
-            end = ends[0]
-            for other in ends[1:]:
-                end = _join(end, other)
+            end = functools.reduce(_join, ends, self.body(node.orelse, tried))
             return self.body(node.finalbody, end)
         if isinstance(node, ast.Match):
             self.scan(node.subject, holds)
@@ -452,10 +442,8 @@ class _Writes:
             self.written |= closed
         returned = {mark for mark in self.returned if mark.startswith(prefix)}
         self.returned = returned_before  # (its returns are not this function's)
-        positional = tuple(argument.arg for argument in (*node.args.posonlyargs,
-                                                         *node.args.args))
         return _Reading(frozenset(mark[len(prefix):] for mark in mine),
-                        frozenset(mark[len(prefix):] for mark in returned), positional,
+                        frozenset(mark[len(prefix):] for mark in returned), _positional(node),
                         frozenset(mark[len(_CLOSED):] for mark in closed))
 
     def define(self, name: str, reading: _Reading) -> None:
@@ -660,8 +648,7 @@ class _Writes:
         if isinstance(node, ast.Name):
             if node.id in self._modules:
                 return self._modules[node.id]
-            code = self._func.__code__
-            if node.id in code.co_varnames or node.id in code.co_freevars:
+            if self._is_local(node.id):
                 return None
             found = self._func.__globals__.get(node.id, _ABSENT)
             return getattr(builtins, node.id, None) if found is _ABSENT else found
@@ -693,7 +680,7 @@ class _Writes:
                 self.written.update(self.held(output, holds))
         elif isinstance(getattr(called, "__self__", None), np.ufunc) and node.args:
             self.written.update(self.held(node.args[0], holds))  # np.add.at(x, i, v)
-        elif str(getattr(called, "__module__", "")).partition(".")[0] == "numpy":
+        elif _package(called) == "numpy":
             self.numpy_call(node, getattr(called, "__name__", ""), holds)
         elif isinstance(function, ast.Name):
             reading = self.helper_reading(function.id)
@@ -717,14 +704,17 @@ class _Writes:
         other name."""
         if name in self._inner:
             return self._inner[name]
-        code = self._func.__code__
-        if self._depth <= 0 or name in code.co_varnames or name in code.co_freevars:
+        if self._depth <= 0 or self._is_local(name):
             return None
         helper = analysed_function(self._func.__globals__.get(name))
-        if helper is None or \
-                str(getattr(helper, "__module__", "")).partition(".")[0] in LIBRARIES:
+        if helper is None or _package(helper) in LIBRARIES:
             return None
         return _read(helper, self._depth - 1, self._reading)
+
+    def _is_local(self, name: str) -> bool:
+        """Whether ``name`` is a local or closure variable of ``func`` (not its global)."""
+        code = self._func.__code__
+        return name in code.co_varnames or name in code.co_freevars
 
     def passed(self, reading: _Reading, node: ast.Call, holds: _Holds, *,
                returned: bool) -> frozenset[str]:

@@ -147,7 +147,7 @@ def function_payload(wrapper: Any) -> bytes | None:
     options = getattr(wrapper, "gpu_options", None)
     if getattr(function, "__module__", "__main__") == "__main__" or (options is not None and (
             options.writes or options.returns == "device" or options.device is not None)) \
-            or found_writes(function).names:
+            or found_writes(function):
         return None
     for candidate in (wrapper, (function, options)):
         try:
